@@ -1,0 +1,111 @@
+"""P1 clear_cache golden and prefix cache (SPEC §2).
+
+A fixed prompt far longer than a cache block, greedy. The first answer after an
+emptied cache is the runtime golden; every later answer must equal it once normalized
+(text, finish_reason, token ids, token counts), while usage.prompt_tokens_details.cached_tokens
+shows whether pause(clear_cache=...) kept or emptied the prefix cache.
+What clear_cache does under mode=keep is a version-keyed expectation.
+"""
+
+import pytest
+
+from fixtures.client import complete
+
+GOLDEN_TOKENS = 16
+# "Far longer than one cache block": block sizes are 16..256 tokens on current platforms.
+LONG_PROMPT_TOKENS = 1024
+
+
+@pytest.fixture(scope="module")
+def long_prompt(control, model):
+    """A prompt of about LONG_PROMPT_TOKENS tokens of this server's own tokenizer."""
+    room = (control.max_model_len(model) or 2048) - GOLDEN_TOKENS - 16
+    target = min(LONG_PROMPT_TOKENS, room // 2)
+    sentence = "Pause, swap the weights, resume: the rollout must go on where it stopped. "
+    per = max(1, len(control.tokenize(model, sentence)))
+    text = "".join(f"{i}. {sentence}" for i in range(target // per + 1))
+    n = len(control.tokenize(model, text))
+    assert n >= min(256, target), f"could not build a long prompt: {n} tokens"
+    return text
+
+
+class Golden:
+    def __init__(self, server, model, prompt):
+        self.server, self.model, self.prompt = server, model, prompt
+        self.log: list[str] = []
+
+    def ask(self, label: str):
+        c = complete(self.server, self.model, self.prompt, GOLDEN_TOKENS)
+        if c.cached_tokens is None:
+            pytest.skip("the server reports no usage.prompt_tokens_details "
+                        "(capability missing: start it with --enable-prompt-tokens-details)")
+        self.log.append(f"{label}: cached_tokens={c.cached_tokens}")
+        return c
+
+    def history(self) -> str:
+        return "; ".join(self.log)
+
+
+def assert_same_as_golden(c, golden, label, history):
+    assert c.normalized() == golden.normalized(), (
+        f"{label} differs from the golden answer R0 (same greedy request): "
+        f"{_diff(c.normalized(), golden.normalized())}. History: {history}")
+
+
+def _diff(a: dict, b: dict) -> str:
+    return ", ".join(f"{k}: {a[k]!r} vs golden {b[k]!r}" for k in a if a[k] != b[k])
+
+
+def golden_with_warm_cache(control, g):
+    """Steps 1-3: empty the cache, R0 is the golden, R1 hits the prefix cache."""
+    control.paused_then_resumed("abort", clear_cache=True)
+    r0 = g.ask("R0 after pause(abort, clear_cache=true)")
+    assert r0.cached_tokens == 0, (
+        f"R0 reports cached_tokens={r0.cached_tokens} right after pause(abort, clear_cache=true): "
+        f"the cache was not emptied")
+    r1 = g.ask("R1 same request")
+    assert r1.cached_tokens > 0, (
+        f"the repeated request reports cached_tokens=0: prefix caching is not working "
+        f"(prompt of {r1.prompt_tokens} tokens). History: {g.history()}")
+    assert_same_as_golden(r1, r0, "R1", g.history())
+    return r0
+
+
+@pytest.mark.p1
+def test_pause_abort_keeps_the_prefix_cache_without_clear_cache_and_empties_it_with_clear_cache(
+        control, vllm_server, model, long_prompt, record_property):
+    g = Golden(vllm_server, model, long_prompt)
+    r0 = golden_with_warm_cache(control, g)
+
+    control.paused_then_resumed("abort", clear_cache=False)
+    r2 = g.ask("R2 after pause(abort, clear_cache=false)")
+    assert r2.cached_tokens > 0, f"pause(abort, clear_cache=false) emptied the prefix cache. History: {g.history()}"
+    assert_same_as_golden(r2, r0, "R2", g.history())
+
+    control.paused_then_resumed("abort", clear_cache=True)
+    r3 = g.ask("R3 after pause(abort, clear_cache=true)")
+    assert r3.cached_tokens == 0, f"pause(abort, clear_cache=true) kept the prefix cache. History: {g.history()}"
+    assert_same_as_golden(r3, r0, "R3", g.history())
+    record_property("observed", f"prompt {r0.prompt_tokens} tokens; {g.history()}")
+
+
+@pytest.mark.p1
+def test_pause_keep_follows_the_version_expectation_for_clear_cache(
+        control, vllm_server, model, long_prompt, expected, record_property):
+    g = Golden(vllm_server, model, long_prompt)
+    r0 = golden_with_warm_cache(control, g)
+
+    control.paused_then_resumed("keep", clear_cache=False)
+    r4 = g.ask("R4 after pause(keep, clear_cache=false)")
+    assert r4.cached_tokens > 0, f"pause(keep, clear_cache=false) emptied the prefix cache. History: {g.history()}"
+    assert_same_as_golden(r4, r0, "R4", g.history())
+
+    control.paused_then_resumed("keep", clear_cache=True)
+    r5 = g.ask("R5 after pause(keep, clear_cache=true)")
+    observed = "clears" if r5.cached_tokens == 0 else "ignored"
+    record_property("observed", f"clear_cache under keep: {observed}; {g.history()}")
+    want = expected["clear_cache_under_keep"]
+    assert observed == want, (
+        f"pause(keep, clear_cache=true) {'emptied' if observed == 'clears' else 'kept'} the prefix cache "
+        f"(R5 cached_tokens={r5.cached_tokens}); expected '{want}' ({expected.source('clear_cache_under_keep')})")
+    assert_same_as_golden(r5, r0, "R5", g.history())

@@ -1,0 +1,51 @@
+"""P0 invalid mode preserves state: a bad `mode` is a client error and changes nothing (SPEC §2, §5).
+
+The status code is a version-keyed expectation (golden/expectations.json): the design
+says 422, vLLM 0.32.0 answers 400. The body must point at the query parameter `mode`;
+framework wording is never matched.
+"""
+
+import pytest
+
+INVALID_MODE = "not-a-mode"
+
+
+def error_locates_param(body, name: str) -> bool:
+    """True if the error body names the parameter: vLLM's {"error": {"param": "query.mode"}}
+    or FastAPI's {"detail": [{"loc": ["query", "mode"]}]}."""
+    if not isinstance(body, dict):
+        return False
+    err = body.get("error")
+    if isinstance(err, dict) and name in str(err.get("param") or "").replace("/", ".").split("."):
+        return True
+    detail = body.get("detail")
+    if isinstance(detail, list):
+        return any(isinstance(d, dict) and name in [str(x) for x in d.get("loc", [])] for d in detail)
+    return False
+
+
+@pytest.mark.p0
+@pytest.mark.parametrize("initially_paused", [False, True], ids=["from-unpaused", "from-paused"])
+def test_pause_with_an_invalid_mode_is_a_client_error_and_leaves_the_state_unchanged(
+        control, expected, initially_paused, record_property):
+    if initially_paused:
+        assert control.pause("keep").status_code == 200, "could not pause to set up the paused state"
+    assert control.is_paused() is initially_paused, "set-up did not reach the intended state"
+
+    r = control.pause(INVALID_MODE)
+    after = control.is_paused()
+    want = expected["invalid_mode_status"]
+    try:
+        body = r.json()
+    except ValueError:
+        body = r.text[:300]
+    record_property("observed", f"HTTP {r.status_code}, is_paused {initially_paused} -> {after}")
+
+    assert r.status_code == want, (
+        f"pause(mode={INVALID_MODE!r}) answered {r.status_code}; expected {want} "
+        f"({expected.source('invalid_mode_status')}). Body: {str(body)[:300]}")
+    assert after is initially_paused, (
+        f"pause(mode={INVALID_MODE!r}) changed is_paused from {initially_paused} to {after}")
+    assert error_locates_param(body, "mode"), (
+        f"the {r.status_code} body does not point at the query parameter 'mode' "
+        f"(looked for error.param or detail[].loc): {str(body)[:300]}")
