@@ -1,0 +1,139 @@
+"""A thin HTTP proxy in front of a real vLLM server that breaks exactly one row of
+the contract. The suite, attached to the proxy, must fail on the row that is broken.
+
+Run standalone (handy for trying the suite by hand):
+    python -m selftests.broken_server --upstream http://127.0.0.1:8000 --break keep-acts-like-abort
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import threading
+
+import aiohttp
+from aiohttp import web
+
+# break name -> what it does (the suite's test that must catch it is in test_sharpness.py)
+BREAKS = {
+    "none": "forward everything unchanged (the control case)",
+    "keep-acts-like-abort": "pause(mode=keep) is forwarded as mode=abort",
+    "wait-acts-like-abort": "pause(mode=wait) is forwarded as mode=abort",
+    "keep-is-a-no-op": "pause(mode=keep) answers 200 without pausing; /is_paused then says true",
+    "resume-does-nothing": "/resume answers 200 without resuming",
+    "is-paused-lies": "/is_paused always answers false",
+    "invalid-mode-accepted": "pause with an unknown mode is forwarded as mode=keep (200, paused)",
+    "clear-cache-ignored": "pause(clear_cache=true) is forwarded as clear_cache=false",
+}
+VALID_MODES = {"abort", "wait", "keep"}
+HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
+
+
+class BrokenProxy:
+    def __init__(self, upstream: str, breakage: str):
+        if breakage not in BREAKS:
+            raise ValueError(f"unknown break {breakage!r}; one of {sorted(BREAKS)}")
+        self.upstream = upstream.rstrip("/")
+        self.breakage = breakage
+        self.fake_paused = False  # for keep-is-a-no-op
+        self.session: aiohttp.ClientSession | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        app.on_startup.append(self._open)
+        app.on_cleanup.append(self._close)
+        return app
+
+    async def _open(self, app):
+        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=5))
+
+    async def _close(self, app):
+        await self.session.close()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        path, query = request.path, dict(request.query)
+        b = self.breakage
+        if path == "/pause":
+            mode = query.get("mode", "abort")
+            if b == "keep-acts-like-abort" and mode == "keep":
+                query["mode"] = "abort"
+            elif b == "wait-acts-like-abort" and mode == "wait":
+                query["mode"] = "abort"
+            elif b == "keep-is-a-no-op" and mode == "keep":
+                self.fake_paused = True
+                return web.json_response({"status": "paused"})
+            elif b == "invalid-mode-accepted" and mode not in VALID_MODES:
+                query["mode"] = "keep"
+            elif b == "clear-cache-ignored" and query.get("clear_cache", "true").lower() == "true":
+                query["clear_cache"] = "false"
+        elif path == "/resume":
+            if b == "resume-does-nothing":
+                return web.json_response({"status": "resumed"})
+            self.fake_paused = False
+        elif path == "/is_paused":
+            if b == "is-paused-lies":
+                return web.json_response({"is_paused": False})
+            if b == "keep-is-a-no-op" and self.fake_paused:
+                return web.json_response({"is_paused": True})
+        return await self._forward(request, path, query)
+
+    async def _forward(self, request: web.Request, path: str, query: dict) -> web.StreamResponse:
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        body = await request.read()
+        async with self.session.request(request.method, self.upstream + path, params=query,
+                                        headers=headers, data=body or None) as up:
+            out = web.StreamResponse(status=up.status, headers={
+                k: v for k, v in up.headers.items() if k.lower() not in HOP_HEADERS | {"content-encoding"}})
+            await out.prepare(request)
+            async for chunk in up.content.iter_any():  # stream SSE through as it comes
+                await out.write(chunk)
+            await out.write_eof()
+            return out
+
+
+class ProxyThread:
+    """Runs a BrokenProxy on 127.0.0.1 (free port) in a background thread."""
+
+    def __init__(self, upstream: str, breakage: str):
+        self.proxy = BrokenProxy(upstream, breakage)
+        self.loop = asyncio.new_event_loop()
+        self.url: str | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"proxy-{breakage}", daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        runner = web.AppRunner(self.proxy.app())
+        self.loop.run_until_complete(runner.setup())
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        self.loop.run_until_complete(site.start())
+        port = site._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self._ready.set()
+        self.loop.run_forever()
+        self.loop.run_until_complete(runner.cleanup())
+        self.loop.close()
+
+    def __enter__(self) -> "ProxyThread":
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("proxy did not start")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--upstream", required=True)
+    ap.add_argument("--break", dest="breakage", default="none", choices=sorted(BREAKS))
+    ap.add_argument("--port", type=int, default=0)
+    args = ap.parse_args()
+    web.run_app(BrokenProxy(args.upstream, args.breakage).app(), host="127.0.0.1", port=args.port)
+
+
+if __name__ == "__main__":
+    main()

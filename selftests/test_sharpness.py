@@ -1,0 +1,82 @@
+"""The suite catches broken servers: for each deliberately broken contract row, the
+conformance test that pins that row, run in attach mode against a proxy that breaks it,
+fails with a message naming what the server did, and does so in bounded time.
+The unbroken proxy (control case) passes the same tests, so no failure is the proxy's.
+
+These reuse the module's real server (no extra server start); each case runs the
+conformance test in a separate pytest process, exactly as a user would.
+"""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from selftests.broken_server import ProxyThread
+
+pytestmark = pytest.mark.selftest
+
+ROOT = Path(__file__).resolve().parent.parent
+LIFECYCLE = "conformance/test_request_lifecycle.py::"
+STATE = "conformance/test_pause_state.py::test_pause_twice_then_resume_twice_in_every_mode_for_two_rounds"
+INVALID = "conformance/test_invalid_mode.py"
+KEEP = LIFECYCLE + "test_keep_freezes_the_in_flight_request_and_resume_completes_it_and_the_queued_one"
+WAIT = LIFECYCLE + "test_wait_lets_the_in_flight_request_finish_before_pause_returns_and_queues_new_ones_until_resume"
+CLEAR = "conformance/test_clear_cache.py::test_pause_abort_keeps_the_prefix_cache_without_clear_cache_and_empties_it_with_clear_cache"
+INNER_BOUND_S = 120  # a broken server must make the targeted test fail well within this
+
+# (break, the conformance test that must catch it, text its failure message must contain)
+CASES = [
+    ("keep-acts-like-abort", KEEP, "ended while paused with keep"),
+    ("keep-is-a-no-op", KEEP, "did not stay pending"),
+    ("wait-acts-like-abort", WAIT, "expected it finished normally"),
+    ("resume-does-nothing", STATE, "is_paused is true after resume"),
+    ("is-paused-lies", STATE, "is_paused is false after pause"),
+    ("invalid-mode-accepted", INVALID, "answered 200; expected"),
+    ("clear-cache-ignored", CLEAR, "clear_cache=true"),
+]
+
+
+def run_suite_against(url: str, model: str, targets: list[str]) -> tuple[int, str, float]:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--vllm-url={url}",
+           f"--vllm-model={model}", "--timeout=90", *targets]
+    t0 = time.monotonic()
+    try:
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=INNER_BOUND_S + 30,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the suite did not finish within {INNER_BOUND_S + 30} s against the proxy: it hangs. "
+                    f"Output so far:\n{exc.stdout}", pytrace=False)
+    return done.returncode, done.stdout + done.stderr, time.monotonic() - t0
+
+
+@pytest.fixture
+def real_server_resumed(control):
+    """A broken proxy may leave the real server paused: resume it directly afterwards."""
+    yield
+    control.ok("POST", "/resume")
+
+
+@pytest.mark.parametrize("breakage, target, message", CASES, ids=[c[0] for c in CASES])
+def test_a_server_with_one_broken_row_fails_the_test_that_pins_it(
+        vllm_server, model, real_server_resumed, breakage, target, message, record_property):
+    with ProxyThread(vllm_server.url, breakage) as proxy:
+        code, output, took = run_suite_against(proxy.url, model, [target])
+    failed_lines = [line for line in output.splitlines() if line.startswith("FAILED")]
+    record_property("observed", f"{breakage}: exit {code} after {took:.1f} s; "
+                                + (failed_lines[0][:160] if failed_lines else "no FAILED line"))
+    assert code == 1 and failed_lines, (
+        f"the suite did not fail against a server where {breakage}: exit code {code}.\n{output[-3000:]}")
+    assert message in output, (
+        f"the suite failed against {breakage} but not with the expected finding {message!r}:\n{output[-3000:]}")
+    assert took < INNER_BOUND_S, f"catching {breakage} took {took:.0f} s (bound {INNER_BOUND_S} s)"
+
+
+def test_the_unbroken_proxy_passes_every_targeted_test(vllm_server, model, real_server_resumed, record_property):
+    targets = sorted({c[1] for c in CASES})
+    with ProxyThread(vllm_server.url, "none") as proxy:
+        code, output, took = run_suite_against(proxy.url, model, targets)
+    record_property("observed", f"exit {code} after {took:.1f} s")
+    assert code == 0, f"the suite failed against the transparent proxy (a false failure):\n{output[-3000:]}"
