@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import requests
 
 from fixtures import expectations as expectations_mod
 from fixtures import server as server_mod
@@ -174,6 +175,9 @@ def rates(server_pool, vllm_server, control, model) -> Rates:
     """Time to first token and decode rate, measured once per server."""
     if vllm_server.url not in server_pool.rates:
         control.ok("POST", "/resume")
+        if control.is_paused():
+            pytest.fail("the server is still paused after /resume answered 200: cannot measure its "
+                        "speed", pytrace=False)
         server_pool.rates[vllm_server.url] = measure_rates(vllm_server, model, SHORT_PROMPT)
         vllm_server.rates = server_pool.rates[vllm_server.url]
     return server_pool.rates[vllm_server.url]
@@ -205,6 +209,9 @@ def _resumed_around_each_test(request):
     if reason:
         pytest.fail(reason, pytrace=False)
     ctl.ok("POST", "/resume")
+    if ctl.is_paused():
+        pytest.fail("the server is still paused after /resume answered 200: cannot start this test "
+                    "from the unpaused state", pytrace=False)
     yield
     if srv.dead_reason() is None:
         ctl.ok("POST", "/resume")
@@ -212,7 +219,8 @@ def _resumed_around_each_test(request):
 
 @pytest.fixture
 def streams(vllm_server, model):
-    """Factory for streaming completions; every stream is closed when the test ends."""
+    """Factory for streaming completions. At the end of the test the server is resumed so
+    every held request can finish, each stream gets a bounded wait, and every client is closed."""
     made: list[StreamingCompletion] = []
 
     def start(prompt, max_tokens, read_timeout=120.0, name=None, on_token=None) -> StreamingCompletion:
@@ -222,8 +230,18 @@ def streams(vllm_server, model):
         return s.start()
 
     yield start
+    if any(not s.done.is_set() for s in made) and vllm_server.dead_reason() is None:
+        try:
+            requests.post(vllm_server.url + "/resume", timeout=5)
+        except requests.RequestException:
+            pass
+    deadline = time.monotonic() + STREAM_TEARDOWN_S
     for s in made:
+        s.done.wait(max(0.0, deadline - time.monotonic()))
         s.close()
+
+
+STREAM_TEARDOWN_S = 15.0
 
 
 # -- the per-run summary ---------------------------------------------------

@@ -71,20 +71,28 @@ def golden_with_warm_cache(control, g):
     return r0
 
 
+def after_pause(control, g, label, mode, clear_cache, expect_cache_kept=None):
+    """pause(mode, clear_cache) + resume, then the golden request again. If expect_cache_kept
+    is given, cached_tokens must show the cache kept (>0) or emptied (0)."""
+    control.paused_then_resumed(mode, clear_cache=clear_cache)
+    what = f"pause({mode}, clear_cache={str(clear_cache).lower()})"
+    r = g.ask(f"{label} after {what}")
+    if expect_cache_kept is True:
+        assert r.cached_tokens > 0, f"{what} emptied the prefix cache. History: {g.history()}"
+    elif expect_cache_kept is False:
+        assert r.cached_tokens == 0, f"{what} kept the prefix cache. History: {g.history()}"
+    return r
+
+
 @pytest.mark.p1
 def test_pause_abort_keeps_the_prefix_cache_without_clear_cache_and_empties_it_with_clear_cache(
         control, vllm_server, model, long_prompt, record_property):
     g = Golden(vllm_server, model, long_prompt)
     r0 = golden_with_warm_cache(control, g)
 
-    control.paused_then_resumed("abort", clear_cache=False)
-    r2 = g.ask("R2 after pause(abort, clear_cache=false)")
-    assert r2.cached_tokens > 0, f"pause(abort, clear_cache=false) emptied the prefix cache. History: {g.history()}"
+    r2 = after_pause(control, g, "R2", "abort", clear_cache=False, expect_cache_kept=True)
     assert_same_as_golden(r2, r0, "R2", g.history())
-
-    control.paused_then_resumed("abort", clear_cache=True)
-    r3 = g.ask("R3 after pause(abort, clear_cache=true)")
-    assert r3.cached_tokens == 0, f"pause(abort, clear_cache=true) kept the prefix cache. History: {g.history()}"
+    r3 = after_pause(control, g, "R3", "abort", clear_cache=True, expect_cache_kept=False)
     assert_same_as_golden(r3, r0, "R3", g.history())
     record_property("observed", f"prompt {r0.prompt_tokens} tokens; {g.history()}")
 
@@ -95,13 +103,9 @@ def test_pause_keep_follows_the_version_expectation_for_clear_cache(
     g = Golden(vllm_server, model, long_prompt)
     r0 = golden_with_warm_cache(control, g)
 
-    control.paused_then_resumed("keep", clear_cache=False)
-    r4 = g.ask("R4 after pause(keep, clear_cache=false)")
-    assert r4.cached_tokens > 0, f"pause(keep, clear_cache=false) emptied the prefix cache. History: {g.history()}"
+    r4 = after_pause(control, g, "R4", "keep", clear_cache=False, expect_cache_kept=True)
     assert_same_as_golden(r4, r0, "R4", g.history())
-
-    control.paused_then_resumed("keep", clear_cache=True)
-    r5 = g.ask("R5 after pause(keep, clear_cache=true)")
+    r5 = after_pause(control, g, "R5", "keep", clear_cache=True)
     observed = "clears" if r5.cached_tokens == 0 else "ignored"
     record_property("observed", f"clear_cache under keep: {observed}; {g.history()}")
     want = expected["clear_cache_under_keep"]

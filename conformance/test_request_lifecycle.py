@@ -56,6 +56,13 @@ def send_while_paused_and_check_pending(control, streams, budget, expected, mode
     return None
 
 
+def resume_and_complete_queued(control, s2, budget):
+    """Resume; the request held while paused (if the server queued it) then completes."""
+    resume_ok(control)
+    if s2 is not None:
+        assert_completed(s2, budget, budget.short_tokens)
+
+
 def resume_ok(control):
     r = control.resume()
     assert r.status_code == 200, f"resume answered {r.status_code}: {r.text[:300]}"
@@ -99,9 +106,7 @@ def test_abort_ends_the_in_flight_request_with_finish_reason_abort_and_queues_ne
     aborted_tokens = s1.n_tokens
 
     s2 = send_while_paused_and_check_pending(control, streams, budget, expected, "abort")
-    resume_ok(control)
-    if s2 is not None:
-        assert_completed(s2, budget, budget.short_tokens)
+    resume_and_complete_queued(control, s2, budget)
     assert s1.n_tokens == aborted_tokens, f"the aborted stream delivered more tokens after resume: {s1.describe()}"
     drained = assert_engine_drains(control, budget)
     record_property("observed", f"in-flight: abort after {aborted_tokens} tokens; "
@@ -119,9 +124,7 @@ def test_wait_lets_the_in_flight_request_finish_before_pause_returns_and_queues_
         f"(finish_reason 'length', {budget.long_tokens} tokens)")
 
     s2 = send_while_paused_and_check_pending(control, streams, budget, expected, "wait")
-    resume_ok(control)
-    if s2 is not None:
-        assert_completed(s2, budget, budget.short_tokens)
+    resume_and_complete_queued(control, s2, budget)
     record_property("observed", f"pause(wait) returned after {took:.2f} s with the in-flight request "
                                 f"finished ({s1.finish_reason}, {s1.n_tokens} tokens)")
 
