@@ -78,7 +78,7 @@ def pytest_configure(config):
         start_timeout=float(values["--vllm-start-timeout"]),
         log_dir=Path(values["--vllm-log-dir"]),
     )
-    config.stash[SUMMARY] = {"servers": [], "rows": []}
+    config.stash[SUMMARY] = {"servers": []}
     # A SIGTERM (CI cancelling the job) unwinds like Ctrl-C, so fixture teardown ends the servers.
     if hasattr(signal, "SIGTERM"):
         signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
@@ -90,6 +90,7 @@ def _raise_keyboard_interrupt(signum, frame):
 
 SETTINGS = pytest.StashKey[Settings]()
 SUMMARY = pytest.StashKey[dict]()
+NOTES = pytest.StashKey[list]()
 
 
 @pytest.fixture(scope="session")
@@ -223,9 +224,9 @@ def streams(vllm_server, model):
     every held request can finish, each stream gets a bounded wait, and every client is closed."""
     made: list[StreamingCompletion] = []
 
-    def start(prompt, max_tokens, read_timeout=120.0, name=None, on_token=None) -> StreamingCompletion:
+    def start(prompt, max_tokens, read_timeout=120.0, name=None) -> StreamingCompletion:
         s = StreamingCompletion(vllm_server, model, prompt, max_tokens, read_timeout=read_timeout,
-                                on_token=on_token, name=name or f"request-{len(made) + 1}")
+                                name=name or f"request-{len(made) + 1}")
         made.append(s)
         return s.start()
 
@@ -294,10 +295,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             tr.write_line(f"              {reason}")
 
 
-NOTES = pytest.StashKey[list]()
-
-
-@pytest.fixture(scope="module", autouse=False)
+@pytest.fixture(scope="module")
 def note(pytestconfig):
     """Adds a line to the run summary (e.g. which expectation entry applied)."""
     notes = pytestconfig.stash.setdefault(NOTES, [])
