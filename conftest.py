@@ -107,7 +107,6 @@ class ServerPool:
         self.summary = summary
         self.servers: dict[tuple, server_mod.Server] = {}
         self.failures: dict[tuple, str] = {}
-        self.rates: dict[str, Rates] = {}
 
     def get(self, module_args: list[str]) -> server_mod.Server:
         s = self.settings
@@ -172,16 +171,12 @@ def model(vllm_server) -> str:
 
 
 @pytest.fixture(scope="module")
-def rates(server_pool, vllm_server, control, model) -> Rates:
-    """Time to first token and decode rate, measured once per server."""
-    if vllm_server.url not in server_pool.rates:
-        control.ok("POST", "/resume")
-        if control.is_paused():
-            pytest.fail("the server is still paused after /resume answered 200: cannot measure its "
-                        "speed", pytrace=False)
-        server_pool.rates[vllm_server.url] = measure_rates(vllm_server, model, SHORT_PROMPT)
-        vllm_server.rates = server_pool.rates[vllm_server.url]
-    return server_pool.rates[vllm_server.url]
+def rates(vllm_server, control, model) -> Rates:
+    """Time to first token and decode rate, measured once per server (kept on the Server)."""
+    if vllm_server.rates is None:
+        control.resume_unpaused()
+        vllm_server.rates = measure_rates(vllm_server, model, SHORT_PROMPT)
+    return vllm_server.rates
 
 
 @pytest.fixture(scope="module")
@@ -209,13 +204,13 @@ def _resumed_around_each_test(request):
     reason = srv.dead_reason()
     if reason:
         pytest.fail(reason, pytrace=False)
-    ctl.ok("POST", "/resume")
-    if ctl.is_paused():
-        pytest.fail("the server is still paused after /resume answered 200: cannot start this test "
-                    "from the unpaused state", pytrace=False)
+    ctl.resume_unpaused()
     yield
     if srv.dead_reason() is None:
         ctl.ok("POST", "/resume")
+
+
+STREAM_TEARDOWN_S = 15.0  # bound for held streams to end at teardown, once the server is resumed
 
 
 @pytest.fixture
@@ -240,9 +235,6 @@ def streams(vllm_server, model):
     for s in made:
         s.done.wait(max(0.0, deadline - time.monotonic()))
         s.close()
-
-
-STREAM_TEARDOWN_S = 15.0
 
 
 # -- the per-run summary ---------------------------------------------------

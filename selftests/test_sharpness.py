@@ -4,7 +4,9 @@ fails with a message naming what the server did, and does so in bounded time.
 The unbroken proxy (control case) passes the same tests, so no failure is the proxy's.
 
 These reuse the module's real server (no extra server start); each case runs the
-conformance test in a separate pytest process, exactly as a user would.
+conformance test in a separate pytest process, exactly as a user would. A broken proxy
+may leave the real server paused; the autouse fixture in conftest.py resumes it directly
+after each case.
 """
 
 import subprocess
@@ -52,16 +54,9 @@ def run_suite_against(url: str, model: str, targets: list[str]) -> tuple[int, st
     return done.returncode, done.stdout + done.stderr, time.monotonic() - t0
 
 
-@pytest.fixture
-def real_server_resumed(control):
-    """A broken proxy may leave the real server paused: resume it directly afterwards."""
-    yield
-    control.ok("POST", "/resume")
-
-
 @pytest.mark.parametrize("breakage, target, message", CASES, ids=[c[0] for c in CASES])
 def test_a_server_with_one_broken_row_fails_the_test_that_pins_it(
-        vllm_server, model, real_server_resumed, breakage, target, message, record_property):
+        vllm_server, model, breakage, target, message, record_property):
     with ProxyThread(vllm_server.url, breakage) as proxy:
         code, output, took = run_suite_against(proxy.url, model, [target])
     failed_lines = [line for line in output.splitlines() if line.startswith("FAILED")]
@@ -74,7 +69,7 @@ def test_a_server_with_one_broken_row_fails_the_test_that_pins_it(
     assert took < INNER_BOUND_S, f"catching {breakage} took {took:.0f} s (bound {INNER_BOUND_S} s)"
 
 
-def test_the_unbroken_proxy_passes_every_targeted_test(vllm_server, model, real_server_resumed, record_property):
+def test_the_unbroken_proxy_passes_every_targeted_test(vllm_server, model, record_property):
     targets = sorted({c[1] for c in CASES})
     with ProxyThread(vllm_server.url, "none") as proxy:
         code, output, took = run_suite_against(proxy.url, model, targets)
