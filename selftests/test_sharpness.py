@@ -9,6 +9,7 @@ may leave the real server paused; the autouse fixture in conftest.py resumes it 
 after each case.
 """
 
+import os
 import subprocess
 import sys
 import time
@@ -46,12 +47,19 @@ def run_suite_against(url: str, model: str, targets: list[str]) -> tuple[int, st
            f"--vllm-model={model}", "--timeout=90", *targets]
     t0 = time.monotonic()
     try:
+        # COLUMNS: pytest cuts the "FAILED test - message" summary line to the terminal width
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=INNER_BOUND_S + 30,
-                              stdin=subprocess.DEVNULL)
+                              stdin=subprocess.DEVNULL, env={**os.environ, "COLUMNS": "400"})
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"the suite did not finish within {INNER_BOUND_S + 30} s against the proxy: it hangs. "
                     f"Output so far:\n{exc.stdout}", pytrace=False)
     return done.returncode, done.stdout + done.stderr, time.monotonic() - t0
+
+
+def short_finding(failed_line: str) -> str:
+    """'FAILED path::test_name[id] - Error: message' -> 'test_name[id]: Error: message' (shortened)."""
+    test, _, message = failed_line.removeprefix("FAILED ").partition(" - ")
+    return f"{test.rsplit('::', 1)[-1][:70]}: {message[:140]}"
 
 
 @pytest.mark.parametrize("breakage, target, message", CASES, ids=[c[0] for c in CASES])
@@ -61,7 +69,7 @@ def test_a_server_with_one_broken_row_fails_the_test_that_pins_it(
         code, output, took = run_suite_against(proxy.url, model, [target])
     failed_lines = [line for line in output.splitlines() if line.startswith("FAILED")]
     record_property("observed", f"{breakage}: exit {code} after {took:.1f} s; "
-                                + (failed_lines[0][:160] if failed_lines else "no FAILED line"))
+                                + (short_finding(failed_lines[0]) if failed_lines else "no FAILED line"))
     assert code == 1 and failed_lines, (
         f"the suite did not fail against a server where {breakage}: exit code {code}.\n{output[-3000:]}")
     assert message in output, (
