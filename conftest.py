@@ -107,6 +107,7 @@ class ServerPool:
         self.summary = summary
         self.servers: dict[tuple, server_mod.Server] = {}
         self.failures: dict[tuple, str] = {}
+        self.launched = 0
 
     def get(self, module_args: list[str]) -> server_mod.Server:
         s = self.settings
@@ -125,24 +126,34 @@ class ServerPool:
         if s.attach:
             model = s.model or server_mod.served_model(s.url)
             srv = server_mod.Server(url=s.url, model=model)
-        else:
-            model = s.model
-            if not model:
-                from fixtures import model_builder
-                model = str(model_builder.ensure("v1"))
-            log = s.log_dir / f"server-{len(self.servers) + 1}-{time.strftime('%Y%m%d-%H%M%S')}.log"
-            try:
-                srv = server_mod.launch(model, list(key), log, template=s.launch_cmd,
-                                        start_timeout=s.start_timeout)
-            except server_mod.ServerDied as exc:
-                self.failures[key] = f"server start failed: {exc}"
-                pytest.fail(self.failures[key], pytrace=False)
+            self.summary["servers"].append(srv)
+            return srv
+        model = s.model
+        if not model:
+            from fixtures import model_builder
+            model = str(model_builder.ensure("v1"))
+        try:
+            return self.launch(model, module_args)
+        except server_mod.ServerDied as exc:
+            self.failures[key] = f"server start failed: {exc}"
+            pytest.fail(self.failures[key], pytrace=False)
+
+    def launch(self, model: str, module_args: list[str], label: str = "server") -> server_mod.Server:
+        """Starts a server with this run's settings plus `module_args`; the caller owns it
+        (shared servers are owned by the pool). Raises ServerDied."""
+        s = self.settings
+        self.launched += 1
+        log = s.log_dir / f"{label}-{self.launched}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+        args = server_mod.REQUIRED_ARGS + s.server_args + list(module_args)
+        srv = server_mod.launch(model, args, log, template=s.launch_cmd, start_timeout=s.start_timeout)
         self.summary["servers"].append(srv)
         return srv
 
     def stop_all(self) -> None:
+        """Stops the shared servers (a later module that needs one starts it again)."""
         for srv in self.servers.values():
             srv.stop()
+        self.servers.clear()
 
 
 @pytest.fixture(scope="session")

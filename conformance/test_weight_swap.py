@@ -1,0 +1,75 @@
+"""Tier 2 (SPEC §3): pause(keep) mid-generation, swap V1 -> V2 from a trainer, resume; every
+post-swap token must equal what a fresh V2 engine produces from the same prefix.
+
+On CPU (this module, marker tier2) the trainer is a Ray actor that writes its weights and the
+paused engine reloads them (`/collective_rpc reload_weights`); `--max-num-seqs 1` and float32
+stand in for batch invariance, which the CPU build lacks. The GPU form over vLLM's NCCL
+weight transfer is in test_weight_swap_gpu.py. The experiment runs once per module (one V1
+engine for both clear_cache runs, one fresh V2 engine for validation); the tests below
+each judge one part of its record.
+"""
+
+import pytest
+
+from fixtures import expectations as expectations_mod
+from fixtures import model_builder
+from fixtures.client import ControlPlane
+from fixtures.trainer import ray_session
+from fixtures.weight_swap import assert_every_post_swap_token_matches, classify, cpu_swap_experiment, report
+
+pytestmark = pytest.mark.tier2
+
+
+@pytest.fixture(scope="module")
+def swap_runs(settings, server_pool, tmp_path_factory, note):
+    if settings.attach:
+        pytest.skip("tier 2 launches its own engines (V1, then a fresh V2) and swaps weights between them; "
+                    "attach mode has no launcher")
+    server_pool.stop_all()  # two CPU engines at once would only slow each other down
+    v1, v2 = model_builder.ensure("v1"), model_builder.ensure("v2")
+    with ray_session():
+        runs = cpu_swap_experiment(server_pool.launch, str(v1), str(v2), str(v2),
+                                   tmp_path_factory.mktemp("tier2"), ControlPlane)
+    for run in runs.values():
+        note(report(run.verdicts, run.title))
+    return runs
+
+
+@pytest.fixture(scope="module")
+def swap_expected(swap_runs):
+    return expectations_mod.load(next(iter(swap_runs.values())).server_version)
+
+
+def test_with_clear_cache_every_post_swap_token_equals_a_fresh_v2_engine(swap_runs, record_property):
+    run = swap_runs[True]
+    kinds = {v.record.kind for v in run.verdicts}
+    assert "paused" in kinds, (
+        f"test precondition: no request was mid-generation at the swap ({report(run.verdicts, run.title)})")
+    text = assert_every_post_swap_token_matches(run)
+    record_property("observed", text.replace("\n", " | "))
+
+
+@pytest.mark.parametrize("clear_cache", [True, False], ids=["clear_cache-true", "clear_cache-false"])
+def test_which_post_swap_tokens_come_from_the_new_weights_follows_the_version_expectation(
+        swap_runs, swap_expected, clear_cache, record_property):
+    run = swap_runs[clear_cache]
+    key = f"swap_keep_clear_cache_{str(clear_cache).lower()}"
+    want = swap_expected[key]
+    seen = {kind: classify(run.verdicts, kind) for kind in want}
+    record_property("observed", f"{key}: {seen} ({swap_expected.source(key)})")
+    missing = [kind for kind, got in seen.items() if got is None]
+    assert not missing, f"test precondition: the run had no {missing} request: {report(run.verdicts, run.title)}"
+    assert seen == want, (
+        f"{run.title}: observed {seen}, expected {want} ({swap_expected.source(key)}); "
+        f"'fresh' = every post-swap token equals fresh V2, 'stale' = some differ.\n"
+        f"{report(run.verdicts, run.title)}")
+
+
+def test_weight_info_reports_the_version_committed_during_the_swap(swap_runs, record_property):
+    seen = [(r.weight_version_before, r.weight_version_after, r.expected_version) for r in swap_runs.values()]
+    record_property("observed", "; ".join(f"/weight_info {b!r} before the swap, {a!r} after (committed {e!r})"
+                                          for b, a, e in seen))
+    for before, after, committed in seen:
+        assert after == committed, (
+            f"/weight_info reports {after!r} after the swap; the swap committed {committed!r} "
+            f"(POST /update_weight_version while paused); before the swap it was {before!r}")
