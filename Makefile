@@ -1,13 +1,19 @@
 # vLLM async-RL control-plane conformance suite.
 #   make conformance   set up (if needed), then run the P0/P1 conformance against the embedded default
-#   make test          set up (if needed), then run what CI runs: conformance + the suite's self-tests
+#   make test          set up (if needed), then run what CI runs: conformance, tier 2 on CPU, self-tests
+#   make tier2         tier 2 on CPU: weight swap while generating, validated against a fresh V2 engine
+#   make gpu-e2e       tier 2 on two GPUs over NCCL (own venv with CUDA vLLM); skips without two GPUs
 PYTHON_BASE ?= python3.11
 VENV        ?= .venv
 PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.installed
 PYTEST_ARGS ?=
+GPU_VENV    ?= .venv-gpu
+GPU_PY      := $(GPU_VENV)/bin/python
+# Server arguments for GPU runs (replace the CPU defaults: no float32 / KV bytes / eager needed there).
+GPU_SERVER_ARGS ?= --max-model-len 4096 --gpu-memory-utilization 0.3 --enforce-eager
 
-.PHONY: setup models conformance test selftest clean
+.PHONY: setup models conformance test tier2 selftest gpu-e2e clean
 
 setup: $(STAMP) models
 
@@ -26,10 +32,30 @@ conformance: setup
 	$(PY) -m pytest -m "p0 or p1" conformance $(PYTEST_ARGS)
 
 test: setup
-	$(PY) -m pytest -m "p0 or p1 or selftest" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "p0 or p1 or tier2 or selftest" $(PYTEST_ARGS)
+
+tier2: setup
+	$(PY) -m pytest -m tier2 conformance $(PYTEST_ARGS)
 
 selftest: setup
 	$(PY) -m pytest -m selftest $(PYTEST_ARGS)
 
+# With fewer than two GPUs this runs the gpu tests in the CPU venv, where they skip and say why.
+gpu-e2e:
+	@n=$$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); \
+	if [ "$${n:-0}" -ge 2 ]; then \
+	  $(MAKE) $(GPU_VENV)/.installed && $(GPU_PY) -m fixtures.model_builder && \
+	  VLLM_CONFORMANCE_SERVER_ARGS="$(GPU_SERVER_ARGS)" $(GPU_PY) -m pytest -m gpu conformance $(PYTEST_ARGS); \
+	else \
+	  echo "gpu-e2e: nvidia-smi lists $${n:-0} GPU(s); tier 2 on GPUs needs 2. Running the gpu tests here so they report the skip."; \
+	  $(MAKE) setup && $(PY) -m pytest -m gpu conformance -rs $(PYTEST_ARGS); \
+	fi
+
+$(GPU_VENV)/.installed: requirements-gpu.txt
+	$(PYTHON_BASE) -m venv $(GPU_VENV)
+	$(GPU_PY) -m pip install --quiet --disable-pip-version-check -r requirements-gpu.txt
+	$(GPU_PY) -c "import vllm, torch, ray; print('vllm', vllm.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+	touch $@
+
 clean:
-	rm -rf $(VENV) .cache reports
+	rm -rf $(VENV) $(GPU_VENV) .cache reports

@@ -138,14 +138,15 @@ class ServerPool:
             self.failures[key] = f"server start failed: {exc}"
             pytest.fail(self.failures[key], pytrace=False)
 
-    def launch(self, model: str, module_args: list[str], label: str = "server") -> server_mod.Server:
+    def launch(self, model: str, module_args: list[str], label: str = "server",
+               env: dict[str, str] | None = None) -> server_mod.Server:
         """Starts a server with this run's settings plus `module_args`; the caller owns it
         (shared servers are owned by the pool). Raises ServerDied."""
         s = self.settings
         self.launched += 1
         log = s.log_dir / f"{label}-{self.launched}-{time.strftime('%Y%m%d-%H%M%S')}.log"
         args = server_mod.REQUIRED_ARGS + s.server_args + list(module_args)
-        srv = server_mod.launch(model, args, log, template=s.launch_cmd, start_timeout=s.start_timeout)
+        srv = server_mod.launch(model, args, log, template=s.launch_cmd, start_timeout=s.start_timeout, env=env)
         self.summary["servers"].append(srv)
         return srv
 

@@ -13,7 +13,6 @@ import pytest
 
 from fixtures import expectations as expectations_mod
 from fixtures import model_builder
-from fixtures.client import ControlPlane
 from fixtures.trainer import ray_session
 from fixtures.weight_swap import assert_every_post_swap_token_matches, classify, cpu_swap_experiment, report
 
@@ -29,7 +28,7 @@ def swap_runs(settings, server_pool, tmp_path_factory, note):
     v1, v2 = model_builder.ensure("v1"), model_builder.ensure("v2")
     with ray_session():
         runs = cpu_swap_experiment(server_pool.launch, str(v1), str(v2), str(v2),
-                                   tmp_path_factory.mktemp("tier2"), ControlPlane)
+                                   tmp_path_factory.mktemp("tier2"))
     for run in runs.values():
         note(report(run.verdicts, run.title))
     return runs
