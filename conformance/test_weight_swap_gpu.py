@@ -16,8 +16,8 @@ import json
 import pytest
 
 from fixtures import model_builder
-from fixtures.weight_swap import (MAX_TOKENS, PROMPTS, TRIGGER_TOKENS, SwapRecord, SwapRun, Phase1Result,
-                                  assert_every_post_swap_token_matches, compare, report, swap_experiment)
+from fixtures.weight_swap import (MAX_TOKENS, PROMPTS, TRIGGER_TOKENS, Phase1Result, SwapRecord, SwapRun,
+                                  assert_every_post_swap_token_matches, compare, fresh_reference, swap_experiment)
 
 pytestmark = pytest.mark.gpu
 
@@ -66,7 +66,7 @@ def test_http_form_every_post_swap_token_equals_a_fresh_v2_engine_and_weight_inf
         def make_swap(srv, control, version):
             if srv.url not in ready:  # init once per engine: the NCCL rendezvous with its workers
                 workers = control.ok("GET", "/get_world_size").json()["world_size"]
-                ray.get(trainer.init_transfer.remote("nccl", 1 + workers, version, url=srv.url), timeout=TIMEOUT_S)
+                ray.get(trainer.init_transfer.remote("nccl", 1 + workers, url=srv.url), timeout=TIMEOUT_S)
                 ready[srv.url] = True
             return WeightSyncSwap(trainer, version, TIMEOUT_S)
 
@@ -105,7 +105,7 @@ def test_in_process_form_every_post_swap_token_equals_a_fresh_v2_engine(two_gpus
         engine = swap_engine_actor(dict(model=v1, weight_transfer_config={"backend": "nccl"}, **engine_kwargs),
                                    dict(num_cpus=0, num_gpus=0))
         try:
-            ray.get(trainer.init_transfer.remote("nccl", 2, "conformance-swap-1", engine_handle=engine),
+            ray.get(trainer.init_transfer.remote("nccl", 2, engine_handle=engine),
                     timeout=TIMEOUT_S)
             ray.get(engine.start_requests.remote(prompts, MAX_TOKENS), timeout=TIMEOUT_S)
             ray.get(engine.pause_at.remote(TRIGGER_TOKENS, True, TIMEOUT_S), timeout=TIMEOUT_S + 10)
@@ -120,12 +120,11 @@ def test_in_process_form_every_post_swap_token_equals_a_fresh_v2_engine(two_gpus
                    for pid, o in out.items()]
         fresh = swap_engine_actor(dict(model=v2, **engine_kwargs), dict(num_cpus=0, num_gpus=0))
         try:
-            refs = {r.prompt_id: ray.get(fresh.generate_ids.remote(r.prompt_ids + r.pre_swap,
-                                                                   r.max_tokens - r.swap_index), timeout=TIMEOUT_S)
-                    for r in records if r.kind != "finished"}
+            refs = fresh_reference(
+                lambda ids, n: ray.get(fresh.generate_ids.remote(ids, n), timeout=TIMEOUT_S), records)
         finally:
             ray.kill(fresh)
-    run = SwapRun(Phase1Result(records, True, 0.0, swap.name + " (AsyncLLM actor, Ray client)"),
+    run = SwapRun(Phase1Result(records, True, swap.name + " (AsyncLLM actor, Ray client)"),
                   compare(records, refs), None, version, "conformance-swap-1", "in-process")
     text = assert_every_post_swap_token_matches(run)
     note(text)
