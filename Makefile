@@ -1,6 +1,8 @@
 # vLLM async-RL control-plane conformance suite.
-#   make conformance   set up (if needed), then run the P0/P1 conformance against the embedded default
-#   make test          set up (if needed), then run what CI runs: conformance, tier 2 on CPU, self-tests
+#   make conformance   set up (if needed), run the P0/P1 conformance against the embedded default, print
+#                      the report table, validate reports/conformance.json against its schema
+#   make test          set up (if needed), then run what CI runs: conformance, fleet, data-parallel,
+#                      tier 2 on CPU, self-tests
 #   make tier2         tier 2 on CPU: weight swap while generating, validated against a fresh V2 engine
 #   make gpu-e2e       tier 2 on two GPUs over NCCL (own venv with CUDA vLLM); skips without two GPUs
 PYTHON_BASE ?= python3.11
@@ -8,6 +10,9 @@ VENV        ?= .venv
 PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.installed
 PYTEST_ARGS ?=
+# Rows `make conformance` runs; e.g. MARKERS="p0 or p1 or fleet or dp" adds the fleet and DP layouts.
+MARKERS     ?= p0 or p1
+REPORT      ?= reports/conformance.json
 GPU_VENV    ?= .venv-gpu
 GPU_PY      := $(GPU_VENV)/bin/python
 # Server arguments for GPU runs (replace the CPU defaults: no float32 / KV bytes / eager needed there).
@@ -28,11 +33,14 @@ $(STAMP): requirements.txt requirements-lock.txt
 models: $(STAMP)
 	$(PY) -m fixtures.model_builder
 
+# The report is validated whatever the tests' outcome; the exit status is pytest's (or 1 if the report is invalid).
 conformance: setup
-	$(PY) -m pytest -m "p0 or p1" conformance $(PYTEST_ARGS)
+	@rc=0; $(PY) -m pytest -m "$(MARKERS)" conformance $(PYTEST_ARGS) || rc=$$?; \
+	$(PY) -m fixtures.report validate $(REPORT) || { [ $$rc -ne 0 ] || rc=1; }; exit $$rc
 
 test: setup
-	$(PY) -m pytest -m "p0 or p1 or tier2 or selftest" $(PYTEST_ARGS)
+	@rc=0; $(PY) -m pytest -m "p0 or p1 or fleet or dp or tier2 or selftest" $(PYTEST_ARGS) || rc=$$?; \
+	$(PY) -m fixtures.report validate $(REPORT) || { [ $$rc -ne 0 ] || rc=1; }; exit $$rc
 
 tier2: setup
 	$(PY) -m pytest -m tier2 conformance $(PYTEST_ARGS)

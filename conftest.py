@@ -1,4 +1,4 @@
-"""Wires options, the server under test, and the per-run summary.
+"""Wires options, the servers under test, capabilities and expectations, and the run report.
 
 Every option is also an environment variable (see README, "Settings").
 Launch mode (default) starts the embedded CPU server; attach mode
@@ -17,16 +17,19 @@ from pathlib import Path
 import pytest
 import requests
 
+from fixtures import capabilities as capabilities_mod
 from fixtures import expectations as expectations_mod
+from fixtures import report as report_mod
 from fixtures import server as server_mod
-from fixtures.client import SHORT_PROMPT, Budget, ControlPlane, Rates, StreamingCompletion, make_budget, measure_rates
+from fixtures.client import Budget, ControlPlane, Rates, StreamingCompletion, budget_of, rates_of
 
 ROOT = Path(__file__).resolve().parent
 
 # name, env var, default, help
 OPTIONS = [
     ("--vllm-url", "VLLM_CONFORMANCE_URL", "",
-     "attach mode: base URL of a running server (comma-separated list accepted; tier 1 uses the first)"),
+     "attach mode: base URL of a running server; a comma-separated list is a fleet (tier 1 uses the first, "
+     "the fleet tests all of them)"),
     ("--vllm-model", "VLLM_CONFORMANCE_MODEL", "",
      "model to serve (launch mode; default: the tiny locally built V1) or the served model name (attach mode; "
      "default: the first one /v1/models lists)"),
@@ -36,9 +39,16 @@ OPTIONS = [
      "launch mode: command template with {python} {model} {host} {port} {args}"),
     ("--vllm-start-timeout", "VLLM_CONFORMANCE_START_TIMEOUT", "300",
      "launch mode: seconds a server may take to become healthy"),
-    ("--vllm-log-dir", "VLLM_CONFORMANCE_LOG_DIR", str(ROOT / "reports" / "server-logs"),
-     "launch mode: where server logs go"),
+    ("--vllm-report-dir", "VLLM_CONFORMANCE_REPORT_DIR", str(ROOT / "reports"),
+     "where the report goes: conformance.md, conformance.json, junit.xml"),
+    ("--vllm-log-dir", "VLLM_CONFORMANCE_LOG_DIR", "",
+     "launch mode: where server logs go (default: server-logs/ in the report directory)"),
+    ("--vllm-expectations", "VLLM_CONFORMANCE_EXPECTATIONS", str(expectations_mod.GOLDEN),
+     "the version-keyed expectations file"),
+    ("--vllm-strict", "VLLM_CONFORMANCE_STRICT", "",
+     "certified run: any skipped P0 test is a failure (same as pytest's own --strict; values 1/true/yes)"),
 ]
+TRUE = {"1", "true", "yes", "on"}
 
 
 def pytest_addoption(parser):
@@ -49,16 +59,23 @@ def pytest_addoption(parser):
 
 @dataclass(frozen=True)
 class Settings:
-    url: str
+    urls: list[str]
     model: str
     server_args: list[str]
     launch_cmd: str
     start_timeout: float
+    report_dir: Path
     log_dir: Path
+    expectations: Path
+    strict: bool
 
     @property
     def attach(self) -> bool:
-        return bool(self.url)
+        return bool(self.urls)
+
+    @property
+    def url(self) -> str:
+        return self.urls[0] if self.urls else ""
 
 
 def _setting(config, name: str, env: str, default: str) -> str:
@@ -68,17 +85,24 @@ def _setting(config, name: str, env: str, default: str) -> str:
     return value
 
 
+@pytest.hookimpl(tryfirst=True)  # before the junitxml plugin reads its path
 def pytest_configure(config):
     values = {name: _setting(config, name, env, default) for name, env, default, _ in OPTIONS}
+    report_dir = Path(values["--vllm-report-dir"]).resolve()
     config.stash[SETTINGS] = Settings(
-        url=values["--vllm-url"].split(",")[0].strip().rstrip("/"),
+        urls=[u.strip().rstrip("/") for u in values["--vllm-url"].split(",") if u.strip()],
         model=values["--vllm-model"],
         server_args=shlex.split(values["--vllm-server-args"]),
         launch_cmd=values["--vllm-launch-cmd"],
         start_timeout=float(values["--vllm-start-timeout"]),
-        log_dir=Path(values["--vllm-log-dir"]),
+        report_dir=report_dir,
+        log_dir=Path(values["--vllm-log-dir"]) if values["--vllm-log-dir"] else report_dir / "server-logs",
+        expectations=Path(values["--vllm-expectations"]),
+        strict=bool(config.getoption("strict", False)) or values["--vllm-strict"].strip().lower() in TRUE,
     )
-    config.stash[SUMMARY] = {"servers": []}
+    config.stash[SUMMARY] = {"servers": [], "started": time.time()}
+    if not config.option.xmlpath and not hasattr(config, "workerinput"):
+        config.option.xmlpath = str(report_dir / "junit.xml")
     # A SIGTERM (CI cancelling the job) unwinds like Ctrl-C, so fixture teardown ends the servers.
     if hasattr(signal, "SIGTERM"):
         signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
@@ -118,25 +142,28 @@ class ServerPool:
         if key in self.failures:  # do not pay a second failed start: fail at once
             pytest.fail(self.failures[key], pytrace=False)
         if key not in self.servers:
+            self.stop_all()  # one shared CPU server at a time: they would only slow each other down
             self.servers[key] = self._start(key, module_args)
         return self.servers[key]
 
     def _start(self, key: tuple, module_args: list[str]) -> server_mod.Server:
         s = self.settings
         if s.attach:
-            model = s.model or server_mod.served_model(s.url)
-            srv = server_mod.Server(url=s.url, model=model)
-            self.summary["servers"].append(srv)
-            return srv
+            return self.attach(s.url)
         model = s.model
         if not model:
             from fixtures import model_builder
             model = str(model_builder.ensure("v1"))
         try:
-            return self.launch(model, module_args)
+            return self.launch(model, module_args, label=" ".join(["shared", *module_args]))
         except server_mod.ServerDied as exc:
             self.failures[key] = f"server start failed: {exc}"
             pytest.fail(self.failures[key], pytrace=False)
+
+    def attach(self, url: str) -> server_mod.Server:
+        srv = server_mod.Server(url=url, model=self.settings.model or server_mod.served_model(url))
+        self.summary["servers"].append(srv)
+        return srv
 
     def launch(self, model: str, module_args: list[str], label: str = "server",
                env: dict[str, str] | None = None) -> server_mod.Server:
@@ -147,6 +174,7 @@ class ServerPool:
         log = s.log_dir / f"{label}-{self.launched}-{time.strftime('%Y%m%d-%H%M%S')}.log"
         args = server_mod.REQUIRED_ARGS + s.server_args + list(module_args)
         srv = server_mod.launch(model, args, log, template=s.launch_cmd, start_timeout=s.start_timeout, env=env)
+        srv.label = label
         self.summary["servers"].append(srv)
         return srv
 
@@ -183,31 +211,33 @@ def model(vllm_server) -> str:
 
 
 @pytest.fixture(scope="module")
-def rates(vllm_server, control, model) -> Rates:
+def rates(vllm_server, control) -> Rates:
     """Time to first token and decode rate, measured once per server (kept on the Server)."""
-    if vllm_server.rates is None:
-        control.resume_unpaused()
-        vllm_server.rates = measure_rates(vllm_server, model, SHORT_PROMPT)
-    return vllm_server.rates
+    return rates_of(vllm_server, control)
 
 
 @pytest.fixture(scope="module")
-def budget(rates, control, model) -> Budget:
+def budget(vllm_server, control) -> Budget:
     """Request sizes and time bounds for this server (see fixtures.client.make_budget)."""
-    prompt_tokens = len(control.tokenize(model, SHORT_PROMPT))
-    return make_budget(rates, control.max_model_len(model), prompt_tokens)
+    return budget_of(vllm_server, control)
 
 
 @pytest.fixture(scope="module")
-def expected(control, note) -> expectations_mod.Expectations:
-    exp = expectations_mod.load(control.version())
-    note(exp.describe())
-    return exp
+def capabilities(vllm_server, control) -> capabilities_mod.Capabilities:
+    return capabilities_mod.of(vllm_server, control)
+
+
+@pytest.fixture
+def expected(vllm_server, control, settings, record_property) -> expectations_mod.Expectations:
+    """This server's expectations; each check is recorded for the report."""
+    exp = expectations_mod.of(vllm_server, control, settings.expectations)
+    return exp.for_test(lambda c: record_property("expectation", c.as_dict()))
 
 
 @pytest.fixture(autouse=True)
 def _resumed_around_each_test(request):
-    """Every test against a server starts and ends with the server resumed."""
+    """Every test against a server needs the pause routes (and what its `requires` marker
+    names), and starts and ends with the server resumed."""
     if "vllm_server" not in request.fixturenames:
         yield
         return
@@ -216,6 +246,8 @@ def _resumed_around_each_test(request):
     reason = srv.dead_reason()
     if reason:
         pytest.fail(reason, pytrace=False)
+    marker = request.node.get_closest_marker("requires")
+    capabilities_mod.require(srv, ctl, ["pause_routes", *(marker.args if marker else ())])
     ctl.resume_unpaused()
     yield
     if srv.dead_reason() is None:
@@ -226,82 +258,150 @@ STREAM_TEARDOWN_S = 15.0  # bound for held streams to end at teardown, once the 
 
 
 @pytest.fixture
-def streams(vllm_server, model):
-    """Factory for streaming completions. At the end of the test the server is resumed so
-    every held request can finish, each stream gets a bounded wait, and every client is closed."""
+def streams(request):
+    """Factory for streaming completions (to the module's server, or to `server=`). At the end
+    of the test every server with an unfinished stream is resumed so held requests can finish,
+    each stream gets a bounded wait, and every client is closed."""
     made: list[StreamingCompletion] = []
 
-    def start(prompt, max_tokens, read_timeout=120.0, name=None) -> StreamingCompletion:
-        s = StreamingCompletion(vllm_server, model, prompt, max_tokens, read_timeout=read_timeout,
+    def start(prompt, max_tokens, read_timeout=120.0, name=None, server=None) -> StreamingCompletion:
+        srv = server or request.getfixturevalue("vllm_server")
+        s = StreamingCompletion(srv, srv.model, prompt, max_tokens, read_timeout=read_timeout,
                                 name=name or f"request-{len(made) + 1}")
         made.append(s)
         return s.start()
 
     yield start
-    if any(not s.done.is_set() for s in made) and vllm_server.dead_reason() is None:
-        try:
-            requests.post(vllm_server.url + "/resume", timeout=5)
-        except requests.RequestException:
-            pass
+    for srv in {id(s.server): s.server for s in made if not s.done.is_set()}.values():
+        if srv.dead_reason() is None:
+            try:
+                requests.post(srv.url + "/resume", timeout=5)
+            except requests.RequestException:
+                pass
     deadline = time.monotonic() + STREAM_TEARDOWN_S
     for s in made:
         s.done.wait(max(0.0, deadline - time.monotonic()))
         s.close()
 
 
-# -- the per-run summary ---------------------------------------------------
+# -- run order, certified runs, and the report -------------------------------
+
+ITEMS = pytest.StashKey[dict]()
+ROWS = pytest.StashKey[dict]()
+REPORT = pytest.StashKey[dict]()
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Modules that need a server of their own (RUN_ORDER > 0) run after the ones sharing
+    the default server, so that one starts once. The sort is stable: modules stay whole."""
+    items.sort(key=lambda item: getattr(getattr(item, "module", None), "RUN_ORDER", 0))
+    declared = {line.split(":", 1)[0].split("(", 1)[0].strip() for line in config.getini("markers")}
+    info = config.stash.setdefault(ITEMS, {})
+    for item in items:
+        module = getattr(item, "module", None)
+        info[item.nodeid] = {
+            "area": getattr(module, "AREA", None) or item.nodeid.split("::", 1)[0],
+            "markers": sorted({m.name for m in item.iter_markers()} & declared - {"requires"}),
+        }
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """--strict (a certified run): a skipped P0 test is a failure, as in Kubernetes conformance."""
+    rep = yield
+    if rep.skipped and item.config.stash[SETTINGS].strict and item.get_closest_marker("p0") \
+            and not hasattr(rep, "wasxfail"):
+        rep.outcome = "failed"
+        rep.longrepr = (f"--strict (certified run): P0 test skipped, which counts as a failure: "
+                        f"{_skip_reason(rep.longrepr)}")
+    return rep
+
+
+def _skip_reason(longrepr) -> str:
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr)
+
 
 def pytest_runtest_logreport(report):
-    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
-        observed = "; ".join(str(v) for k, v in report.user_properties if k == "observed")
-        _rows.append((report.nodeid, report.outcome, report.duration, observed,
-                      _short_reason(report)))
+    config = _CONFIG.get("config")
+    if config is None:
+        return
+    rows = config.stash.setdefault(ROWS, {})
+    failed_teardown = report.when == "teardown" and report.failed
+    if not (report.when == "call" or (report.when == "setup" and not report.passed) or failed_teardown):
+        return
+    row = rows.get(report.nodeid)
+    if failed_teardown and row is not None:
+        row["outcome"] = "failed"
+        row["reason"] = (row["reason"] + "; " if row["reason"] else "") + "teardown: " + _short_reason(report)
+        return
+    info = config.stash.get(ITEMS, {}).get(report.nodeid, {"area": report.nodeid.split("::")[0], "markers": []})
+    rows[report.nodeid] = {
+        "id": report.nodeid, "area": info["area"], "markers": info["markers"], "outcome": report.outcome,
+        "duration": report.duration, "reason": _short_reason(report),
+        "observed": "; ".join(str(v) for k, v in report.user_properties if k == "observed"),
+        "checks": [v for k, v in report.user_properties if k == "expectation"],
+    }
 
 
-_rows: list[tuple] = []
+_CONFIG: dict = {}
+
+
+def pytest_sessionstart(session):
+    _CONFIG["config"] = session.config
 
 
 def _short_reason(report) -> str:
-    if report.outcome == "passed":
+    if report.passed:
         return ""
-    if report.outcome == "skipped" and isinstance(report.longrepr, tuple):
-        return str(report.longrepr[2])
+    if report.skipped:
+        return _skip_reason(report.longrepr)
     text = getattr(report, "longreprtext", "") or ""
     for line in text.splitlines():
-        if line.startswith("E ") or line.startswith("Failed:"):
-            return line.lstrip("E ").strip()[:200]
-    return text.strip().splitlines()[-1][:200] if text.strip() else ""
+        if line.startswith("E ") or line.startswith("Failed:") or line.startswith("--strict"):
+            return line.lstrip("E ").strip()[:300]
+    return text.strip().splitlines()[-1][:300] if text.strip() else ""
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Writes reports/conformance.{json,md}, whatever the outcome of the tests."""
+    config = session.config
+    if hasattr(config, "workerinput") or SETTINGS not in config.stash:
+        return
+    settings = config.stash[SETTINGS]
+    summary = config.stash[SUMMARY]
+    try:
+        rep = report_mod.build(
+            rows=list(config.stash.get(ROWS, {}).values()), servers=summary["servers"],
+            notes=config.stash.get(NOTES, []), exit_status=int(exitstatus), started=summary["started"],
+            strict=settings.strict, attach=settings.attach, args=list(config.invocation_params.args),
+            expectations_file=str(settings.expectations))
+        paths = report_mod.write(rep, settings.report_dir)
+        config.stash[REPORT] = {"report": rep, "paths": paths}
+    except Exception as exc:  # the report must never hide the test results
+        config.stash[REPORT] = {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    summary = config.stash.get(SUMMARY, None)
-    if not _rows and not (summary and summary["servers"]):
+    written = config.stash.get(REPORT, None)
+    if not written:
         return
     tr = terminalreporter
-    tr.section("conformance summary")
-    for srv in (summary or {}).get("servers", []):
-        line = srv.describe()
-        if srv.start_seconds is not None:
-            line += f"\n  healthy after {srv.start_seconds:.1f} s"
-        rates = getattr(srv, "rates", None)
-        if rates is not None:
-            line += f"\n  measured: time to first token {rates.ttft_s * 1000:.0f} ms, " \
-                    f"decode {rates.tokens_per_s:.0f} tokens/s (single stream)"
+    tr.section("conformance report")
+    if "error" in written:
+        tr.write_line(f"could not write the report: {written['error']}")
+        return
+    for line in report_mod.to_markdown(written["report"]).splitlines():
         tr.write_line(line)
-    for line in config.stash.get(NOTES, []):
-        tr.write_line(line)
-    for nodeid, outcome, duration, observed, reason in _rows:
-        mark = {"passed": "PASS", "failed": "FAIL", "skipped": "SKIP"}.get(outcome, outcome.upper())
-        tr.write_line(f"{mark:4}  {duration:6.1f}s  {nodeid}")
-        if observed:
-            tr.write_line(f"              observed: {observed}")
-        if reason:
-            tr.write_line(f"              {reason}")
+    json_path, md_path = written["paths"]
+    tr.write_line("")
+    tr.write_line(f"report: {md_path}, {json_path}, {config.option.xmlpath or '(no JUnit XML)'}")
 
 
 @pytest.fixture(scope="module")
 def note(pytestconfig):
-    """Adds a line to the run summary (e.g. which expectation entry applied)."""
+    """Adds a line to the run report (e.g. which expectation entry applied)."""
     notes = pytestconfig.stash.setdefault(NOTES, [])
 
     def add(line: str) -> None:

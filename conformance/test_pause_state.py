@@ -2,6 +2,7 @@
 
 import pytest
 
+AREA = "P0 state and idempotency"
 MODES = ["abort", "wait", "keep"]
 
 

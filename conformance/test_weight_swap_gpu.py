@@ -19,6 +19,8 @@ from fixtures import model_builder
 from fixtures.weight_swap import (MAX_TOKENS, PROMPTS, TRIGGER_TOKENS, Phase1Result, SwapRecord, SwapRun,
                                   assert_every_post_swap_token_matches, compare, fresh_reference, swap_experiment)
 
+AREA = "Tier 2 weight swap on GPUs"
+RUN_ORDER = 3
 pytestmark = pytest.mark.gpu
 
 ENGINE_ENV = {"VLLM_BATCH_INVARIANT": "1", "CUDA_VISIBLE_DEVICES": "1"}  # the trainer has GPU 0

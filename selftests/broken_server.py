@@ -24,18 +24,30 @@ BREAKS = {
     "is-paused-lies": "/is_paused always answers false",
     "invalid-mode-accepted": "pause with an unknown mode is forwarded as mode=keep (200, paused)",
     "clear-cache-ignored": "pause(clear_cache=true) is forwarded as clear_cache=false",
+    # Behaviours that differ between versions rather than bugs (SPEC section 5): the suite must
+    # report what it saw and judge it by the version's expectations entry.
+    "invalid-mode-422": "pause with an unknown mode answers 422 with FastAPI's detail[].loc (the design's status)",
+    "refuse-while-paused-503": "completions sent while paused are refused with 503 (a later upstream behaviour)",
+    # A missing capability: the server was started without VLLM_SERVER_DEV_MODE=1.
+    "no-pause-routes": "/pause, /resume, /is_paused and /server_info answer 404",
 }
+COMPLETION_PATHS = {"/v1/completions", "/v1/chat/completions"}
+DEV_PATHS = {"/pause", "/resume", "/is_paused", "/server_info"}
 VALID_MODES = {"abort", "wait", "keep"}
 HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
 
 
 class BrokenProxy:
     def __init__(self, upstream: str, breakage: str):
-        if breakage not in BREAKS:
-            raise ValueError(f"unknown break {breakage!r}; one of {sorted(BREAKS)}")
+        """`breakage`: one name of BREAKS, or several joined with '+'."""
+        self.breaks = set(breakage.split("+"))
+        unknown = self.breaks - set(BREAKS)
+        if unknown:
+            raise ValueError(f"unknown break {sorted(unknown)}; one of {sorted(BREAKS)}")
         self.upstream = upstream.rstrip("/")
         self.breakage = breakage
         self.fake_paused = False  # for keep-is-a-no-op
+        self.paused = False  # the upstream's state as seen through us (for refuse-while-paused-503)
         self.session: aiohttp.ClientSession | None = None
 
     def app(self) -> web.Application:
@@ -53,29 +65,43 @@ class BrokenProxy:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         path, query = request.path, dict(request.query)
-        b = self.breakage
+        b = self.breaks
+        if "no-pause-routes" in b and path in DEV_PATHS:
+            return web.json_response({"detail": "Not Found"}, status=404)
         if path == "/pause":
             mode = query.get("mode", "abort")
-            if b == "keep-acts-like-abort" and mode == "keep":
+            if "keep-acts-like-abort" in b and mode == "keep":
                 query["mode"] = "abort"
-            elif b == "wait-acts-like-abort" and mode == "wait":
+            elif "wait-acts-like-abort" in b and mode == "wait":
                 query["mode"] = "abort"
-            elif b == "keep-is-a-no-op" and mode == "keep":
+            elif "keep-is-a-no-op" in b and mode == "keep":
                 self.fake_paused = True
                 return web.json_response({"status": "paused"})
-            elif b == "invalid-mode-accepted" and mode not in VALID_MODES:
+            elif "invalid-mode-accepted" in b and mode not in VALID_MODES:
                 query["mode"] = "keep"
-            elif b == "clear-cache-ignored" and query.get("clear_cache", "true").lower() == "true":
+            elif "invalid-mode-422" in b and mode not in VALID_MODES:
+                return web.json_response({"detail": [{"type": "literal_error", "loc": ["query", "mode"],
+                                                      "msg": "Input should be 'abort', 'wait' or 'keep'",
+                                                      "input": mode}]}, status=422)
+            elif "clear-cache-ignored" in b and query.get("clear_cache", "true").lower() == "true":
                 query["clear_cache"] = "false"
         elif path == "/resume":
-            if b == "resume-does-nothing":
+            if "resume-does-nothing" in b:
                 return web.json_response({"status": "resumed"})
             self.fake_paused = False
         elif path == "/is_paused":
-            if b == "is-paused-lies":
+            if "is-paused-lies" in b:
                 return web.json_response({"is_paused": False})
-            if b == "keep-is-a-no-op" and self.fake_paused:
+            if "keep-is-a-no-op" in b and self.fake_paused:
                 return web.json_response({"is_paused": True})
+        elif path in COMPLETION_PATHS and "refuse-while-paused-503" in b and self.paused:
+            return web.json_response({"error": {"message": "the engine is paused; retry after resume",
+                                                "type": "EnginePausedError", "code": 503}}, status=503)
+        # The state flips before forwarding: never refuse a request sent after resume answered.
+        if path == "/pause" and query.get("mode", "abort") in VALID_MODES:
+            self.paused = True
+        elif path == "/resume":
+            self.paused = False
         return await self._forward(request, path, query)
 
     async def _forward(self, request: web.Request, path: str, query: dict) -> web.StreamResponse:
@@ -129,7 +155,8 @@ class ProxyThread:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--upstream", required=True)
-    ap.add_argument("--break", dest="breakage", default="none", choices=sorted(BREAKS))
+    ap.add_argument("--break", dest="breakage", default="none",
+                    help="one of " + ", ".join(sorted(BREAKS)) + "; several joined with '+'")
     ap.add_argument("--port", type=int, default=0)
     args = ap.parse_args()
     web.run_app(BrokenProxy(args.upstream, args.breakage).app(), host="127.0.0.1", port=args.port)

@@ -9,6 +9,7 @@ from fixtures.trainer import ray_session
 from fixtures.weight_swap import (SwapRecord, Verdict, assert_every_post_swap_token_matches, classify, compare,
                                   cpu_swap_experiment, pass_rate, report)
 
+RUN_ORDER = 3  # its last test stops the shared server and launches engines of its own
 pytestmark = pytest.mark.selftest
 
 

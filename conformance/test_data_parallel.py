@@ -1,0 +1,40 @@
+"""The P0 request lifecycle on one server with --data-parallel-size 2 (SPEC §4, §6).
+
+With two engines behind one API server, pause and resume must reach both: the same checks
+as test_request_lifecycle.py (fixtures/lifecycle.py), against a server of its own. In
+attach mode the attached server is used if it reports a data-parallel size of 2 or more.
+"""
+
+import pytest
+
+from fixtures import lifecycle
+
+AREA = "P0 mode request lifecycle, data-parallel 2"
+VLLM_SERVER_ARGS = ["--data-parallel-size", "2"]
+RUN_ORDER = 2  # after the modules sharing the default server: this one needs a server of its own
+
+pytestmark = [pytest.mark.dp, pytest.mark.requires("data_parallel")]
+
+
+def test_abort_under_data_parallel_ends_the_in_flight_request_and_queues_new_ones_until_resume(
+        control, streams, budget, expected, capabilities, record_property):
+    record_property("observed", f"DP {capabilities.data_parallel_size}: "
+                    + lifecycle.abort_row(control, streams, budget, expected))
+
+
+def test_wait_under_data_parallel_lets_the_in_flight_request_finish_and_queues_new_ones_until_resume(
+        control, streams, budget, expected, capabilities, record_property):
+    record_property("observed", f"DP {capabilities.data_parallel_size}: "
+                    + lifecycle.wait_row(control, streams, budget, expected))
+
+
+def test_keep_under_data_parallel_freezes_the_in_flight_request_and_resume_completes_both(
+        control, streams, budget, expected, capabilities, record_property):
+    record_property("observed", f"DP {capabilities.data_parallel_size}: "
+                    + lifecycle.keep_row(control, streams, budget, expected))
+
+
+def test_resume_under_data_parallel_is_effective_when_it_returns(
+        control, streams, budget, rates, expected, capabilities, record_property):
+    record_property("observed", f"DP {capabilities.data_parallel_size}: "
+                    + lifecycle.resume_is_effective_row(control, streams, budget, rates, expected))

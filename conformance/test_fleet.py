@@ -1,0 +1,183 @@
+"""Several servers at once: a fleet behind the trainer's own load balancer (SPEC §6).
+
+RL frameworks that fan out (SkyRL, prime-rl, AReaL) pause every server before a swap and
+resume every one after. Each server must hold, on its own, the work sent to it while it is
+paused, and release it only when it is itself resumed; nothing may end up on, or wait for,
+another server. Launch mode starts a second CPU server beside the shared one; attach mode
+uses every URL of --vllm-url URL1,URL2,... (the servers must be dedicated to the run).
+"""
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import pytest
+
+from fixtures import capabilities as capabilities_mod
+from fixtures import expectations as expectations_mod
+from fixtures import lifecycle
+from fixtures.client import Budget, ControlPlane, budget_of, finished_requests
+from fixtures.server import Server, ServerDied
+
+AREA = "Fleet: several servers at once"
+RUN_ORDER = 1  # after the modules sharing the default server; starts a second server beside it
+MODES = ["abort", "wait", "keep"]
+
+pytestmark = pytest.mark.fleet
+
+
+@dataclass
+class Member:
+    name: str
+    server: Server
+    control: ControlPlane
+    budget: Budget
+
+
+@pytest.fixture(scope="module")
+def fleet(settings, server_pool):
+    """Two or more servers, each probed for the pause routes and measured for its own bounds."""
+    own: list[Server] = []
+    if settings.attach:
+        if len(settings.urls) < 2:
+            pytest.skip("capability missing: fleet: the fleet tests need two or more servers "
+                        "(--vllm-url URL1,URL2 / VLLM_CONFORMANCE_URL)")
+        servers = [server_pool.get([])] + [server_pool.attach(u) for u in settings.urls[1:]]
+    else:
+        first = server_pool.get([])
+        try:
+            own.append(server_pool.launch(first.model, [], label="fleet-2"))
+        except ServerDied as exc:
+            pytest.fail(f"could not start the fleet's second server: {exc}", pytrace=False)
+        servers = [first, *own]
+    try:
+        members = []
+        for i, srv in enumerate(servers):
+            control = ControlPlane(srv)
+            capabilities_mod.require(srv, control, ["pause_routes"])
+            control.resume_unpaused()
+            members.append(Member(f"server-{i + 1} {srv.url}", srv, control, budget_of(srv, control)))
+        yield members
+    finally:
+        for srv in own:
+            srv.stop()
+
+
+@pytest.fixture(autouse=True)
+def _every_server_resumed(fleet):
+    for m in fleet:
+        m.control.resume_unpaused()
+    yield
+    for m in fleet:
+        if m.server.dead_reason() is None:
+            m.control.ok("POST", "/resume")
+
+
+@pytest.fixture
+def expected_on(fleet, settings, record_property):
+    """Each server's expectations (servers of a fleet may run different versions)."""
+    views = {m.name: expectations_mod.of(m.server, m.control, settings.expectations).for_test(
+        lambda c: record_property("expectation", c.as_dict())) for m in fleet}
+    return lambda m: views[m.name]
+
+
+def on_every(members, fn):
+    """Calls fn(member) on every server at once, as a trainer fanning out does."""
+    with ThreadPoolExecutor(max_workers=len(members)) as pool:
+        return list(pool.map(fn, members))
+
+
+def pause_every(members, mode):
+    answers = on_every(members, lambda m: m.control.pause(mode))
+    for m, r in zip(members, answers):
+        assert r.status_code == 200, f"{m.name}: pause(mode={mode}) answered {r.status_code}: {r.text[:300]}"
+    states = on_every(members, lambda m: m.control.is_paused())
+    assert all(states), (f"after pause(mode={mode}) answered 200 on every server, is_paused is "
+                         + ", ".join(f"{m.name}: {p}" for m, p in zip(members, states)))
+
+
+def resume_every(members):
+    answers = on_every(members, lambda m: m.control.resume())
+    for m, r in zip(members, answers):
+        assert r.status_code == 200, f"{m.name}: resume answered {r.status_code}: {r.text[:300]}"
+    states = on_every(members, lambda m: m.control.is_paused())
+    assert not any(states), ("after resume answered 200 on every server, is_paused is "
+                             + ", ".join(f"{m.name}: {p}" for m, p in zip(members, states)))
+
+
+def send_to_each_while_paused(members, streams, expected_on, mode):
+    """One request to each paused server; each is observed (at once, in parallel) and checked
+    against that server's expectation. Returns [(stream or None if refused, observed)]."""
+    sent = [streams(lifecycle.PAUSED_PROMPT, m.budget.short_tokens, name=f"sent-to-{m.name}", server=m.server)
+            for m in members]
+    seen = on_every(list(zip(members, sent)), lambda ms: lifecycle.observe_while_paused(ms[1], ms[0].budget))
+    for m, s, observed in zip(members, sent, seen):
+        exp = expected_on(m)
+        check = exp.check("request_while_paused", observed, mode=mode)
+        assert check.matches, (
+            f"{m.name}: a request sent while the fleet was paused (mode={mode}) got {observed!r} "
+            f"({s.describe()}); expected {check.expected!r} ({exp.source('request_while_paused', mode)})")
+    return [(s if observed == "queued" else None, observed) for s, observed in zip(sent, seen)]
+
+
+def finished_on(member) -> float | None:
+    counts = finished_requests(member.control)
+    return None if counts is None else counts.get("length", 0.0)
+
+
+def assert_finished_here(members, before, want=1):
+    """Each server's own engine counted `want` more normally finished requests: the work sent
+    to a server completed on that server. Polls, because the counter may trail the response."""
+    deadline = time.monotonic() + max(m.budget.settle_s for m in members)
+    while True:
+        after = [finished_on(m) for m in members]
+        deltas = [None if a is None or b is None else a - b for a, b in zip(after, before)]
+        if all(d is None or d >= want for d in deltas) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    for m, d in zip(members, deltas):
+        assert d is None or d == want, (
+            f"{m.name} finished {d:g} requests normally during the test (vllm:request_success_total, "
+            f"finished_reason=length); expected {want}: the one sent to it")
+    return ", ".join(f"{m.name}: +{d:g} finished" if d is not None else f"{m.name}: no /metrics" for m, d in
+                     zip(members, deltas))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_pausing_every_server_holds_the_work_sent_to_each_and_resuming_every_server_completes_it_where_it_was_sent(
+        fleet, streams, expected_on, mode, record_property):
+    before = [finished_on(m) for m in fleet]
+    pause_every(fleet, mode)
+    held = send_to_each_while_paused(fleet, streams, expected_on, mode)
+    resume_every(fleet)
+    for m, (s, _) in zip(fleet, held):
+        lifecycle.complete_after_resume(streams, s, m.budget, concurrent=len(fleet), server=m.server)
+    where = assert_finished_here(fleet, before)
+    record_property("observed", f"{len(fleet)} servers paused ({mode}); sent while paused: "
+                    + ", ".join(o for _, o in held) + f"; after resuming all: {where}")
+
+
+def test_resuming_one_server_releases_only_the_work_sent_to_that_server(
+        fleet, streams, expected_on, record_property):
+    first, rest = fleet[0], fleet[1:]
+    before = [finished_on(m) for m in fleet]
+    pause_every(fleet, "keep")
+    held = send_to_each_while_paused(fleet, streams, expected_on, "keep")
+
+    resume_every([first])
+    lifecycle.complete_after_resume(streams, held[0][0], first.budget, server=first.server)
+    still = on_every(rest, lambda m: m.control.is_paused())
+    assert all(still), ("resuming " + first.name + " changed the state of the other servers: is_paused "
+                        + ", ".join(f"{m.name}: {p}" for m, p in zip(rest, still)))
+    for m, (s, _) in zip(rest, held[1:]):
+        if s is not None:
+            observed = lifecycle.observe_while_paused(s, m.budget)
+            assert observed == "queued", (
+                f"{m.name} is still paused but the request sent to it {observed} once {first.name} "
+                f"resumed: {s.describe()}")
+    resume_every(rest)
+    for m, (s, _) in zip(rest, held[1:]):
+        lifecycle.complete_after_resume(streams, s, m.budget, server=m.server)
+    where = assert_finished_here(fleet, before)
+    record_property("observed", f"{first.name} resumed alone: its request completed while "
+                    f"{len(rest)} other server(s) stayed paused holding theirs; then: {where}")

@@ -1,0 +1,60 @@
+"""Runs the suite in a separate pytest process, as a user would, and reads what it reported."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+INNER_BOUND_S = 120  # a targeted inner run must end well within this
+
+
+@dataclass
+class InnerRun:
+    code: int
+    output: str
+    seconds: float
+    report_dir: Path
+
+    @property
+    def failed_lines(self) -> list[str]:
+        return [line for line in self.output.splitlines() if line.startswith(("FAILED", "ERROR"))]
+
+    def report(self) -> dict:
+        path = self.report_dir / "conformance.json"
+        assert path.exists(), f"the inner run wrote no report at {path}:\n{self.output[-2000:]}"
+        return json.loads(path.read_text())
+
+    def rows(self) -> dict[str, dict]:
+        """Report rows by test name (the part after '::')."""
+        return {r["id"].rsplit("::", 1)[-1]: r for r in self.report()["rows"]}
+
+
+def run_suite(url: str, model: str, targets: list[str], report_dir: Path, *extra: str,
+              cwd: Path = ROOT, bound: float = INNER_BOUND_S, python_flags: tuple[str, ...] = ()) -> InnerRun:
+    cmd = [sys.executable, *python_flags, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--vllm-url={url}",
+           f"--vllm-model={model}", f"--vllm-report-dir={report_dir}", "--timeout=90", *extra, *targets]
+    # Settings come from options only: the outer run's environment must not leak in.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_CONFORMANCE_")}
+    env["COLUMNS"] = "400"  # pytest cuts the "FAILED test - message" line to the terminal width
+    t0 = time.monotonic()
+    try:
+        done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=bound + 30,
+                              stdin=subprocess.DEVNULL, env=env)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the suite did not finish within {bound + 30:.0f} s ({' '.join(cmd)}): it hangs. "
+                    f"Output so far:\n{exc.stdout}", pytrace=False)
+    return InnerRun(done.returncode, done.stdout + done.stderr, time.monotonic() - t0, Path(report_dir))
+
+
+def short_finding(failed_line: str) -> str:
+    """'FAILED path::test_name[id] - Error: message' -> 'test_name[id]: Error: message' (shortened)."""
+    test, _, message = failed_line.removeprefix("FAILED ").removeprefix("ERROR ").partition(" - ")
+    return f"{test.rsplit('::', 1)[-1][:70]}: {message[:140]}"
