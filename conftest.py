@@ -101,8 +101,10 @@ def pytest_configure(config):
         strict=bool(config.getoption("strict", False)) or values["--vllm-strict"].strip().lower() in TRUE,
     )
     config.stash[SUMMARY] = {"servers": [], "started": time.time()}
-    if not config.option.xmlpath and not hasattr(config, "workerinput"):
-        config.option.xmlpath = str(report_dir / "junit.xml")
+    if not hasattr(config, "workerinput"):  # xdist: the controller writes the reports
+        if not config.option.xmlpath:
+            config.option.xmlpath = str(report_dir / "junit.xml")
+        config.pluginmanager.register(RunReport(config), "vllm-conformance-report")
     # A SIGTERM (CI cancelling the job) unwinds like Ctrl-C, so fixture teardown ends the servers.
     if hasattr(signal, "SIGTERM"):
         signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
@@ -264,10 +266,10 @@ def streams(request):
     each stream gets a bounded wait, and every client is closed."""
     made: list[StreamingCompletion] = []
 
-    def start(prompt, max_tokens, read_timeout=120.0, name=None, server=None) -> StreamingCompletion:
+    def start(prompt, max_tokens, read_timeout=120.0, name=None, server=None, request_id=None) -> StreamingCompletion:
         srv = server or request.getfixturevalue("vllm_server")
         s = StreamingCompletion(srv, srv.model, prompt, max_tokens, read_timeout=read_timeout,
-                                name=name or f"request-{len(made) + 1}")
+                                name=name or f"request-{len(made) + 1}", request_id=request_id)
         made.append(s)
         return s.start()
 
@@ -287,8 +289,6 @@ def streams(request):
 # -- run order, certified runs, and the report -------------------------------
 
 ITEMS = pytest.StashKey[dict]()
-ROWS = pytest.StashKey[dict]()
-REPORT = pytest.StashKey[dict]()
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -323,33 +323,65 @@ def _skip_reason(longrepr) -> str:
     return str(longrepr)
 
 
-def pytest_runtest_logreport(report):
-    config = _CONFIG.get("config")
-    if config is None:
-        return
-    rows = config.stash.setdefault(ROWS, {})
-    failed_teardown = report.when == "teardown" and report.failed
-    if not (report.when == "call" or (report.when == "setup" and not report.passed) or failed_teardown):
-        return
-    row = rows.get(report.nodeid)
-    if failed_teardown and row is not None:
-        row["outcome"] = "failed"
-        row["reason"] = (row["reason"] + "; " if row["reason"] else "") + "teardown: " + _short_reason(report)
-        return
-    info = config.stash.get(ITEMS, {}).get(report.nodeid, {"area": report.nodeid.split("::")[0], "markers": []})
-    rows[report.nodeid] = {
-        "id": report.nodeid, "area": info["area"], "markers": info["markers"], "outcome": report.outcome,
-        "duration": report.duration, "reason": _short_reason(report),
-        "observed": "; ".join(str(v) for k, v in report.user_properties if k == "observed"),
-        "checks": [v for k, v in report.user_properties if k == "expectation"],
-    }
+class RunReport:
+    """Collects a row per test and writes the report at the end of the session, whatever the
+    outcome (registered as a plugin in pytest_configure)."""
 
+    def __init__(self, config):
+        self.config = config
+        self.rows: dict[str, dict] = {}
+        self.written: dict | None = None
 
-_CONFIG: dict = {}
+    def pytest_runtest_logreport(self, report):
+        failed_teardown = report.when == "teardown" and report.failed
+        if not (report.when == "call" or (report.when == "setup" and not report.passed) or failed_teardown):
+            return
+        row = self.rows.get(report.nodeid)
+        if failed_teardown and row is not None:
+            row["outcome"] = "failed"
+            row["reason"] = (row["reason"] + "; " if row["reason"] else "") + "teardown: " + _short_reason(report)
+            return
+        info = self.config.stash.get(ITEMS, {}).get(report.nodeid, {"area": report.nodeid.split("::")[0],
+                                                                     "markers": []})
+        self.rows[report.nodeid] = {
+            "id": report.nodeid, "area": info["area"], "markers": info["markers"], "outcome": report.outcome,
+            "duration": report.duration, "reason": _short_reason(report),
+            "observed": "; ".join(str(v) for k, v in report.user_properties if k == "observed"),
+            "checks": [v for k, v in report.user_properties if k == "expectation"],
+        }
 
+    def pytest_collectreport(self, report):
+        if report.failed:  # a module that cannot even be collected is a failed row, not a silent gap
+            self.rows[report.nodeid] = {"id": report.nodeid, "area": report.nodeid.split("::")[0], "markers": [],
+                                        "outcome": "failed", "duration": 0.0, "observed": "", "checks": [],
+                                        "reason": "collection failed: " + _short_reason(report)}
 
-def pytest_sessionstart(session):
-    _CONFIG["config"] = session.config
+    def pytest_sessionfinish(self, session, exitstatus):
+        settings = self.config.stash[SETTINGS]
+        summary = self.config.stash[SUMMARY]
+        try:
+            rep = report_mod.build(
+                rows=list(self.rows.values()), servers=summary["servers"], notes=self.config.stash.get(NOTES, []),
+                exit_status=int(exitstatus), started=summary["started"], strict=settings.strict,
+                attach=settings.attach, args=list(self.config.invocation_params.args),
+                expectations_file=str(settings.expectations))
+            self.written = {"report": rep, "paths": report_mod.write(rep, settings.report_dir)}
+        except Exception as exc:  # the report must never hide the test results
+            self.written = {"error": f"{type(exc).__name__}: {exc}"}
+
+    def pytest_terminal_summary(self, terminalreporter):
+        if not self.written:
+            return
+        tr = terminalreporter
+        tr.section("conformance report")
+        if "error" in self.written:
+            tr.write_line(f"could not write the report: {self.written['error']}")
+            return
+        for line in report_mod.to_markdown(self.written["report"]).splitlines():
+            tr.write_line(line)
+        json_path, md_path = self.written["paths"]
+        tr.write_line("")
+        tr.write_line(f"report: {md_path}, {json_path}, {self.config.option.xmlpath or '(no JUnit XML)'}")
 
 
 def _short_reason(report) -> str:
@@ -362,41 +394,6 @@ def _short_reason(report) -> str:
         if line.startswith("E ") or line.startswith("Failed:") or line.startswith("--strict"):
             return line.lstrip("E ").strip()[:300]
     return text.strip().splitlines()[-1][:300] if text.strip() else ""
-
-
-def pytest_sessionfinish(session, exitstatus):
-    """Writes reports/conformance.{json,md}, whatever the outcome of the tests."""
-    config = session.config
-    if hasattr(config, "workerinput") or SETTINGS not in config.stash:
-        return
-    settings = config.stash[SETTINGS]
-    summary = config.stash[SUMMARY]
-    try:
-        rep = report_mod.build(
-            rows=list(config.stash.get(ROWS, {}).values()), servers=summary["servers"],
-            notes=config.stash.get(NOTES, []), exit_status=int(exitstatus), started=summary["started"],
-            strict=settings.strict, attach=settings.attach, args=list(config.invocation_params.args),
-            expectations_file=str(settings.expectations))
-        paths = report_mod.write(rep, settings.report_dir)
-        config.stash[REPORT] = {"report": rep, "paths": paths}
-    except Exception as exc:  # the report must never hide the test results
-        config.stash[REPORT] = {"error": f"{type(exc).__name__}: {exc}"}
-
-
-def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    written = config.stash.get(REPORT, None)
-    if not written:
-        return
-    tr = terminalreporter
-    tr.section("conformance report")
-    if "error" in written:
-        tr.write_line(f"could not write the report: {written['error']}")
-        return
-    for line in report_mod.to_markdown(written["report"]).splitlines():
-        tr.write_line(line)
-    json_path, md_path = written["paths"]
-    tr.write_line("")
-    tr.write_line(f"report: {md_path}, {json_path}, {config.option.xmlpath or '(no JUnit XML)'}")
 
 
 @pytest.fixture(scope="module")

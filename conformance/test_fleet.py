@@ -121,8 +121,7 @@ def send_to_each_while_paused(members, streams, expected_on, mode):
 
 
 def finished_on(member) -> float | None:
-    counts = finished_requests(member.control)
-    return None if counts is None else counts.get("length", 0.0)
+    return finished_requests(member.control, "length")
 
 
 def assert_finished_here(members, before, want=1):

@@ -1,0 +1,91 @@
+"""Regression (SPEC §6): an abort must deliver finish_reason "abort" and the partial tokens
+to every kind of client, streaming or not, and never leave one waiting; /abort_requests with
+ids aborts exactly those requests.
+
+A non-streaming client shows nothing until its response arrives, so "in flight" is read from
+the engine's own counters (/metrics): running requests, and tokens generated so far.
+"""
+
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+
+import pytest
+
+from fixtures import lifecycle
+from fixtures.client import SHORT_PROMPT, complete, engine_request_counts, engine_request_id, generated_tokens
+
+AREA = "Regression: abort delivery"
+# Requests several times longer than the lifecycle's: /metrics can answer slowly while the API
+# server streams, and the requests must still be running when the engine is seen running them.
+LENGTH_FACTOR = 4
+pytestmark = [pytest.mark.regression, pytest.mark.requires("metrics")]
+
+
+def wait_for_engine(control, budget, what, ok):
+    """Polls /metrics until ok() holds (deadline: a first token on a busy server)."""
+    deadline = time.monotonic() + budget.first_token_s
+    while not ok():
+        if time.monotonic() > deadline:
+            pytest.fail(f"test precondition: the engine never showed {what} within {budget.first_token_s:.1f} s "
+                        f"(running/waiting {engine_request_counts(control)})", pytrace=False)
+        time.sleep(0.02)
+
+
+def result_or_fail(future, seconds, who):
+    try:
+        return future.result(timeout=seconds)
+    except FutureTimeout:
+        pytest.fail(f"{who} was left waiting: no response {seconds:.1f} s after the abort", pytrace=False)
+
+
+def assert_partial_abort(c, tokens, who):
+    assert c.finish_reason == "abort", f"{who} ended with finish_reason {c.finish_reason!r}; expected 'abort'"
+    assert 0 < c.completion_tokens < tokens, (
+        f"{who} reports {c.completion_tokens} completion tokens; expected its partial output (1..{tokens - 1})")
+    assert len(c.token_ids) == c.completion_tokens, (
+        f"{who} delivered {len(c.token_ids)} token ids but usage says {c.completion_tokens}")
+
+
+def test_abort_requests_with_ids_ends_exactly_those_streaming_and_non_streaming_requests_with_their_partial_tokens(
+        control, streams, budget, vllm_server, model, record_property):
+    tokens = LENGTH_FACTOR * budget.long_tokens
+    tag = uuid.uuid4().hex[:8]
+    ids = {name: f"conformance-{tag}-{name}" for name in ("stream-aborted", "stream-spared", "plain-aborted")}
+    aborted = streams(SHORT_PROMPT, tokens, name="stream-aborted", request_id=ids["stream-aborted"])
+    spared = streams(SHORT_PROMPT, tokens, name="stream-spared", request_id=ids["stream-spared"])
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        plain = pool.submit(complete, vllm_server, model, SHORT_PROMPT, tokens,
+                            budget.finish_s(tokens, concurrent=3), ids["plain-aborted"])
+        aborted.wait_first_token(budget.first_token_s)
+        spared.wait_first_token(budget.first_token_s)
+        wait_for_engine(control, budget, "three requests running",
+                        lambda: (engine_request_counts(control) or (0, 0))[0] >= 3)
+        r = control.ok("POST", "/abort_requests", json={"request_ids": [engine_request_id(ids["stream-aborted"]),
+                                                                         engine_request_id(ids["plain-aborted"])]})
+        c = result_or_fail(plain, budget.settle_s, "the non-streaming client")
+    aborted.join(budget.settle_s)
+    assert aborted.error is None and aborted.finish_reason == "abort", (
+        f"stream named in /abort_requests: {aborted.describe()}; expected finish_reason 'abort'")
+    assert 0 < aborted.n_tokens < tokens, f"aborted stream delivered no partial output: {aborted.describe()}"
+    assert_partial_abort(c, tokens, "the non-streaming request named in /abort_requests")
+    assert not (spared.done.is_set() and spared.finish_reason == "abort"), (
+        f"a stream NOT named in /abort_requests was aborted too: {spared.describe()}")
+    lifecycle.assert_completed(spared, budget, tokens)
+    record_property("observed", f"/abort_requests -> {r.json()}; stream: abort after {aborted.n_tokens} tokens; "
+                                f"non-streaming: abort after {c.completion_tokens} tokens; the third request "
+                                f"completed ({spared.n_tokens} tokens, {spared.finish_reason})")
+
+
+def test_pause_abort_ends_a_non_streaming_request_with_finish_reason_abort_and_its_partial_tokens(
+        control, budget, vllm_server, model, record_property):
+    tokens = LENGTH_FACTOR * budget.long_tokens
+    before = generated_tokens(control)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        plain = pool.submit(complete, vllm_server, model, SHORT_PROMPT, tokens, budget.finish_s(tokens))
+        wait_for_engine(control, budget, "a few tokens generated", lambda: generated_tokens(control) >= before + 2)
+        lifecycle.pause_ok(control, "abort")
+        c = result_or_fail(plain, budget.settle_s, "the non-streaming client")
+    assert_partial_abort(c, tokens, "a non-streaming request in flight at pause(abort)")
+    record_property("observed", f"non-streaming: finish_reason {c.finish_reason!r} after {c.completion_tokens} tokens")
