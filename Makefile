@@ -2,7 +2,8 @@
 #   make conformance   set up (if needed), run the P0/P1 conformance against the embedded default, print
 #                      the report table, validate reports/conformance.json against its schema
 #   make test          set up (if needed), then run what CI runs: conformance, fleet, data-parallel,
-#                      tier 2 on CPU, self-tests
+#                      field-bug regressions, tier 2 on CPU, self-tests
+#   make bench         pause latency with 8 streams in flight: p50 / p99 over 20 cycles per mode
 #   make tier2         tier 2 on CPU: weight swap while generating, validated against a fresh V2 engine
 #   make gpu-e2e       tier 2 on two GPUs over NCCL (own venv with CUDA vLLM); skips without two GPUs
 PYTHON_BASE ?= python3.11
@@ -18,7 +19,7 @@ GPU_PY      := $(GPU_VENV)/bin/python
 # Server arguments for GPU runs (replace the CPU defaults: no float32 / KV bytes / eager needed there).
 GPU_SERVER_ARGS ?= --max-model-len 4096 --gpu-memory-utilization 0.3 --enforce-eager
 
-.PHONY: setup models conformance test tier2 selftest gpu-e2e clean
+.PHONY: setup models conformance test tier2 selftest bench gpu-e2e clean
 
 setup: $(STAMP) models
 
@@ -39,7 +40,7 @@ conformance: setup
 	$(PY) -m fixtures.report validate $(REPORT) || { [ $$rc -ne 0 ] || rc=1; }; exit $$rc
 
 test: setup
-	@rc=0; $(PY) -m pytest -m "p0 or p1 or fleet or dp or tier2 or selftest" $(PYTEST_ARGS) || rc=$$?; \
+	@rc=0; $(PY) -m pytest -m "p0 or p1 or fleet or dp or regression or tier2 or selftest" $(PYTEST_ARGS) || rc=$$?; \
 	$(PY) -m fixtures.report validate $(REPORT) || { [ $$rc -ne 0 ] || rc=1; }; exit $$rc
 
 tier2: setup
@@ -47,6 +48,10 @@ tier2: setup
 
 selftest: setup
 	$(PY) -m pytest -m selftest $(PYTEST_ARGS)
+
+# Prints the figures in the report table at the end (observed column of the two latency rows).
+bench: setup
+	$(PY) -m pytest conformance/test_pause_latency.py $(PYTEST_ARGS)
 
 # With fewer than two GPUs this runs the gpu tests in the CPU venv, where they skip and say why.
 gpu-e2e:

@@ -9,26 +9,16 @@ What clear_cache does under mode=keep is a version-keyed expectation.
 
 import pytest
 
-from fixtures.client import complete
+from fixtures.client import complete, prompt_longer_than_a_cache_block
 
 AREA = "P1 clear_cache golden and prefix cache"
 pytestmark = pytest.mark.requires("prefix_caching", "prompt_tokens_details")
 GOLDEN_TOKENS = 16
-# "Far longer than one cache block": block sizes are 16..256 tokens on current platforms.
-LONG_PROMPT_TOKENS = 1024
 
 
 @pytest.fixture(scope="module")
 def long_prompt(control, model):
-    """A prompt of about LONG_PROMPT_TOKENS tokens of this server's own tokenizer."""
-    room = (control.max_model_len(model) or 2048) - GOLDEN_TOKENS - 16
-    target = min(LONG_PROMPT_TOKENS, room // 2)
-    sentence = "Pause, swap the weights, resume: the rollout must go on where it stopped. "
-    per = max(1, len(control.tokenize(model, sentence)))
-    text = "".join(f"{i}. {sentence}" for i in range(target // per + 1))
-    n = len(control.tokenize(model, text))
-    assert n >= min(256, target), f"could not build a long prompt: {n} tokens"
-    return text
+    return prompt_longer_than_a_cache_block(control, model, GOLDEN_TOKENS)
 
 
 class Golden:

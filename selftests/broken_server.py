@@ -30,7 +30,21 @@ BREAKS = {
     "refuse-while-paused-503": "completions sent while paused are refused with 503 (a later upstream behaviour)",
     # A missing capability: the server was started without VLLM_SERVER_DEV_MODE=1.
     "no-pause-routes": "/pause, /resume, /is_paused and /server_info answer 404",
+    # Field bugs (SPEC section 6), one per regression test.
+    "wait-does-not-drain": "pause(mode=wait) is forwarded as mode=keep: it returns before the requests finish",
+    "requests-run-while-paused": "pause answers 200 and /is_paused says true, but nothing is paused",
+    "duplicate-resume-hangs": "a /resume that arrives while another is being answered never returns (verl #7846)",
+    "second-pause-hangs": "a /pause that arrives while another is being answered never returns (tokenspeed #346)",
+    "late-request-blocks-drain": "after a completion arrives while paused, pause(mode=wait) never returns (vllm#51481)",
+    "abort-requests-ignores-ids": "/abort_requests aborts every request, not only the ids named",
+    "pause-is-slow": "every /pause answers 3 s late",
+    "weight-update-out-of-order-accepted": "/start_weight_update, /update_weights, /finish_weight_update answer 200 "
+                                           "without reaching the engine",
 }
+HANG_S = 600  # "never returns": far beyond any bound of the suite
+OVERLAP_S = 0.3  # racing calls are held this long, so a second one surely arrives during the first
+SLOW_PAUSE_S = 3.0
+WEIGHT_PATHS = {"/start_weight_update", "/update_weights", "/finish_weight_update"}
 COMPLETION_PATHS = {"/v1/completions", "/v1/chat/completions"}
 DEV_PATHS = {"/pause", "/resume", "/is_paused", "/server_info"}
 VALID_MODES = {"abort", "wait", "keep"}
@@ -48,6 +62,8 @@ class BrokenProxy:
         self.breakage = breakage
         self.fake_paused = False  # for keep-is-a-no-op
         self.paused = False  # the upstream's state as seen through us (for refuse-while-paused-503)
+        self.late_request = False  # a completion arrived while paused (late-request-blocks-drain)
+        self.in_flight = {"/pause": 0, "/resume": 0}  # calls being answered (the *-hangs breaks)
         self.session: aiohttp.ClientSession | None = None
 
     def app(self) -> web.Application:
@@ -58,7 +74,10 @@ class BrokenProxy:
         return app
 
     async def _open(self, app):
-        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=5))
+        # A fresh upstream connection per request: vLLM may close a keep-alive connection after an
+        # error response, and a reused one would then fail here, not in the server under test.
+        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
+                                             connector=aiohttp.TCPConnector(force_close=True))
 
     async def _close(self, app):
         await self.session.close()
@@ -68,12 +87,42 @@ class BrokenProxy:
         b = self.breaks
         if "no-pause-routes" in b and path in DEV_PATHS:
             return web.json_response({"detail": "Not Found"}, status=404)
+        racing = {"/resume": "duplicate-resume-hangs", "/pause": "second-pause-hangs"}
+        if racing.get(path) in b:
+            if self.in_flight[path]:
+                await asyncio.sleep(HANG_S)
+            self.in_flight[path] += 1
+            try:
+                await asyncio.sleep(OVERLAP_S)
+                return await self._handle(request, path, query)
+            finally:
+                self.in_flight[path] -= 1
+        return await self._handle(request, path, query)
+
+    async def _handle(self, request: web.Request, path: str, query: dict) -> web.StreamResponse:
+        b = self.breaks
+        if path in WEIGHT_PATHS and "weight-update-out-of-order-accepted" in b:
+            return web.json_response({"message": "ok"})
+        if path == "/abort_requests" and "abort-requests-ignores-ids" in b:
+            return await self._forward(request, path, query, body=b"{}")
+        if path in COMPLETION_PATHS and self.paused:
+            self.late_request = True
+        if path == "/pause" and "pause-is-slow" in b:
+            await asyncio.sleep(SLOW_PAUSE_S)
+        if path == "/pause" and "late-request-blocks-drain" in b and self.late_request \
+                and query.get("mode") == "wait":
+            await asyncio.sleep(HANG_S)
+        if path == "/pause" and "requests-run-while-paused" in b and query.get("mode", "abort") in VALID_MODES:
+            self.fake_paused = True
+            return web.json_response({"status": "paused"})
         if path == "/pause":
             mode = query.get("mode", "abort")
             if "keep-acts-like-abort" in b and mode == "keep":
                 query["mode"] = "abort"
             elif "wait-acts-like-abort" in b and mode == "wait":
                 query["mode"] = "abort"
+            elif "wait-does-not-drain" in b and mode == "wait":
+                query["mode"] = "keep"
             elif "keep-is-a-no-op" in b and mode == "keep":
                 self.fake_paused = True
                 return web.json_response({"status": "paused"})
@@ -89,10 +138,11 @@ class BrokenProxy:
             if "resume-does-nothing" in b:
                 return web.json_response({"status": "resumed"})
             self.fake_paused = False
+            self.late_request = False
         elif path == "/is_paused":
             if "is-paused-lies" in b:
                 return web.json_response({"is_paused": False})
-            if "keep-is-a-no-op" in b and self.fake_paused:
+            if self.fake_paused:
                 return web.json_response({"is_paused": True})
         elif path in COMPLETION_PATHS and "refuse-while-paused-503" in b and self.paused:
             return web.json_response({"error": {"message": "the engine is paused; retry after resume",
@@ -104,9 +154,10 @@ class BrokenProxy:
             self.paused = False
         return await self._forward(request, path, query)
 
-    async def _forward(self, request: web.Request, path: str, query: dict) -> web.StreamResponse:
+    async def _forward(self, request: web.Request, path: str, query: dict,
+                       body: bytes | None = None) -> web.StreamResponse:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
-        body = await request.read()
+        body = await request.read() if body is None else body
         async with self.session.request(request.method, self.upstream + path, params=query,
                                         headers=headers, data=body or None) as up:
             out = web.StreamResponse(status=up.status, headers={

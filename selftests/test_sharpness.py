@@ -11,6 +11,10 @@ after each case.
 
 import pytest
 
+from fixtures import model_builder
+from fixtures.client import ControlPlane, prompt_longer_than_a_cache_block
+from fixtures.server import Server
+from fixtures.weight_swap import WARM_ANSWER_TOKENS, check_swap_recomputes_a_warm_prefix
 from selftests.broken_server import ProxyThread
 from selftests.inner import INNER_BOUND_S, run_suite, short_finding
 
@@ -22,6 +26,15 @@ INVALID = "conformance/test_invalid_mode.py"
 KEEP = LIFECYCLE + "test_keep_freezes_the_in_flight_request_and_resume_completes_it_and_the_queued_one"
 WAIT = LIFECYCLE + "test_wait_lets_the_in_flight_request_finish_before_pause_returns_and_queues_new_ones_until_resume"
 CLEAR = "conformance/test_clear_cache.py::test_pause_abort_keeps_the_prefix_cache_without_clear_cache_and_empties_it_with_clear_cache"
+RESUME = LIFECYCLE + "test_resume_is_effective_when_it_returns"
+RACES = "conformance/test_regression_races.py::"
+RESUME_RACE = RACES + "test_two_resumes_racing_with_a_wave_of_new_requests_both_return_and_every_request_completes"
+PAUSE_RACE = RACES + "test_two_pauses_racing_both_return_and_every_request_ends[keep-keep]"
+ABORT_IDS = ("conformance/test_regression_abort.py::test_abort_requests_with_ids_ends_exactly_those_streaming_"
+             "and_non_streaming_requests_with_their_partial_tokens")
+LATENCY = "conformance/test_pause_latency.py::test_pause_keep_returns_within_the_bound_with_8_streams_in_flight_over_20_cycles"
+WEIGHT_CALLS = ("conformance/test_regression_weight_update.py::test_weight_sync_calls_out_of_order_or_while_"
+                "sleeping_are_refused_and_the_server_stays_healthy")
 
 # (break, the conformance test that must catch it, text its failure message must contain)
 CASES = [
@@ -32,6 +45,13 @@ CASES = [
     ("is-paused-lies", STATE, "is_paused is false after pause"),
     ("invalid-mode-accepted", INVALID, "answered 200; expected"),
     ("clear-cache-ignored", CLEAR, "clear_cache=true"),
+    ("wait-does-not-drain", WAIT, "expected it finished normally"),
+    ("requests-run-while-paused", RESUME, "observed 'ran while paused'"),
+    ("duplicate-resume-hangs", RESUME_RACE, "POST /resume got no answer within"),
+    ("second-pause-hangs", PAUSE_RACE, "POST /pause got no answer within"),
+    ("abort-requests-ignores-ids", ABORT_IDS, "NOT named in /abort_requests was aborted"),
+    ("pause-is-slow", LATENCY, "pause(keep) exceeded"),
+    ("weight-update-out-of-order-accepted", WEIGHT_CALLS, "a call out of order was accepted"),
 ]
 
 
@@ -50,10 +70,32 @@ def test_a_server_with_one_broken_row_fails_the_test_that_pins_it(
     assert took < INNER_BOUND_S, f"catching {breakage} took {took:.0f} s (bound {INNER_BOUND_S} s)"
 
 
+@pytest.mark.timeout(300)  # every targeted test once, the latency cycles included
 def test_the_unbroken_proxy_passes_every_targeted_test(vllm_server, model, tmp_path, record_property):
     targets = sorted({c[1] for c in CASES})
     with ProxyThread(vllm_server.url, "none") as proxy:
-        run = run_suite(proxy.url, model, targets, tmp_path)
+        run = run_suite(proxy.url, model, targets, tmp_path, bound=240)
     code, output, took = run.code, run.output, run.seconds
     record_property("observed", f"exit {code} after {took:.1f} s")
     assert code == 0, f"the suite failed against the transparent proxy (a false failure):\n{output[-3000:]}"
+
+
+def test_a_server_that_ignores_clear_cache_fails_the_stale_prefix_regression_after_a_swap(
+        vllm_server, model, control, settings, record_property):
+    """The stale-prefix regression (conformance/test_regression_weight_update.py) launches a fresh
+    V2 server, so it runs in launch mode only; its check runs here in-process, through the proxy."""
+    if settings.attach:
+        pytest.skip("swaps the fixture's V1/V2 checkpoints into the server; attach mode serves another model")
+    v1, v2 = str(model_builder.ensure("v1")), str(model_builder.ensure("v2"))
+    try:
+        with ProxyThread(vllm_server.url, "clear-cache-ignored") as proxy:
+            broken = ControlPlane(Server(url=proxy.url, model=model))
+            prompt = prompt_longer_than_a_cache_block(broken, model, WARM_ANSWER_TOKENS)
+            with pytest.raises(AssertionError) as caught:
+                check_swap_recomputes_a_warm_prefix(
+                    broken, prompt, v2, v1, lambda *_: pytest.fail("the stale cache went unnoticed", pytrace=False))
+    finally:
+        control.paused_then_resumed("abort", clear_cache=True)  # the proxy kept the cache: empty it for real
+    message = str(caught.value)
+    record_property("observed", "clear-cache-ignored: " + message[:200])
+    assert "cached_tokens=" in message and "reused" in message, message

@@ -1,0 +1,79 @@
+"""Regression (SPEC §6): the data-parallel drain race (verl PR #7511, vllm#51481).
+
+Under --data-parallel-size 2, a request admitted during a pause left the engines' running
+state stuck, and the next drain timed out. Here: pause(abort) with work in flight, send a
+late request, then pause again (wait, keep): every call must return within a bound, and after
+resume the late request must complete. A second pause(abort) and a sleep / wake-up during the
+pause must also return within the bound; what they do to the queued request is recorded and
+checked against the version's expectation (0.32.0 ends it without a finish_reason).
+"""
+
+import time
+
+import pytest
+
+from fixtures import lifecycle
+
+AREA = "Regression: data-parallel drain"
+VLLM_SERVER_ARGS = ["--data-parallel-size", "2"]
+RUN_ORDER = 2  # shares the DP server of test_data_parallel.py
+pytestmark = [pytest.mark.regression, pytest.mark.dp, pytest.mark.requires("data_parallel")]
+
+
+def timed(control, what, method, path, bound, **kw):
+    t0 = time.monotonic()
+    r = control.call(method, path, timeout=bound, **kw)
+    took = time.monotonic() - t0
+    assert r.status_code == 200, f"{what} answered {r.status_code} after {took:.2f} s: {r.text[:200]}"
+    return f"{what} {took * 1000:.0f} ms"
+
+
+def fate(stream, budget) -> str:
+    """What became of a request queued during a pause, one hold window after a control call:
+    'queued' (still pending), its finish_reason, or 'ended without finish_reason'."""
+    if not stream.done.wait(budget.hold_s):
+        return "queued"
+    if stream.error is not None:
+        return f"error {type(stream.error).__name__}"
+    return stream.finish_reason or "ended without finish_reason"
+
+
+def test_a_request_sent_during_a_pause_never_blocks_later_pauses_and_completes_after_resume(
+        control, streams, budget, expected, capabilities, record_property):
+    bound = budget.settle_s
+    in_flight = [lifecycle.start_in_flight(streams, budget, name=f"in-flight-{i}") for i in range(2)]
+    log = [timed(control, "pause(abort)", "POST", "/pause", bound, params={"mode": "abort"})]
+    late, seen = lifecycle.send_while_paused(control, streams, budget, expected, "abort", name="late")
+    for mode in ("wait", "keep"):  # the drain that timed out in the field, then a keep on top
+        log.append(timed(control, f"pause({mode}) again", "POST", "/pause", bound, params={"mode": mode}))
+        assert control.is_paused() is True, f"is_paused is false after pause({mode}) with a late request queued"
+    log.append(timed(control, "resume", "POST", "/resume", bound))
+    lifecycle.complete_after_resume(streams, late, budget)
+    for s in in_flight:
+        s.join(budget.settle_s)
+        assert s.finish_reason == "abort", f"{s.name} after pause(abort): {s.describe()}"
+    drained = lifecycle.assert_engine_drains(control, budget)
+    record_property("observed", f"DP {capabilities.data_parallel_size}; late request: {seen}; "
+                    + ", ".join(log) + f" (bound {bound:.1f} s each); the late request completed; {drained}")
+
+
+@pytest.mark.parametrize("action", ["pause-abort-again", "sleep-and-wake-up"])
+def test_a_second_abort_or_a_sleep_during_a_pause_returns_in_bounded_time_and_its_effect_on_a_queued_request_follows_the_version_expectation(
+        control, streams, budget, expected, action, record_property):
+    bound = budget.settle_s
+    log = [timed(control, "pause(abort)", "POST", "/pause", bound, params={"mode": "abort"})]
+    late, seen = lifecycle.send_while_paused(control, streams, budget, expected, "abort", name="late")
+    if action == "pause-abort-again":
+        log.append(timed(control, "pause(abort) again", "POST", "/pause", bound, params={"mode": "abort"}))
+    else:
+        log.append(timed(control, "sleep", "POST", "/sleep", bound, params={"level": "1"}))
+        log.append(timed(control, "wake_up", "POST", "/wake_up", bound))
+    got = fate(late, budget) if late is not None else seen
+    log.append(timed(control, "resume", "POST", "/resume", bound))
+    if got == "queued":
+        lifecycle.complete_after_resume(streams, late, budget)
+    record_property("observed", ", ".join(log) + f" (bound {bound:.1f} s each); the queued request: {got}")
+    key = "queued_request_on_" + action.replace("-", "_")
+    check = expected.check(key, got)
+    assert check.matches, (f"after {action.replace('-', ' ')} the request queued during the pause is {got!r}; "
+                           f"expected {check.expected!r} ({expected.source(key)})")

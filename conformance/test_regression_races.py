@@ -1,0 +1,82 @@
+"""Regression (SPEC §6): pause and resume stay idempotent when calls race, and never hang.
+
+verl #7846: duplicate resumes deadlocked; tokenspeed #346: a second pause left the first
+caller waiting. Here the racing calls start together (a barrier), each on its own
+connection, each bounded; afterwards the state must be right and every request must end.
+"""
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from fixtures import lifecycle
+from fixtures.client import SHORT_PROMPT, ControlPlane
+
+AREA = "Regression: racing pause and resume"
+pytestmark = pytest.mark.regression
+WAVE = 4  # requests sent at the moment of the race
+
+
+def race(calls, bound):
+    """Runs every call at the same instant; returns [(result, seconds)]. A call that hangs fails
+    the test when its own HTTP timeout (the bound) expires."""
+    barrier = threading.Barrier(len(calls))
+
+    def run(fn):
+        barrier.wait(timeout=10)
+        t0 = time.monotonic()
+        return fn(), time.monotonic() - t0
+
+    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
+        futures = [pool.submit(run, fn) for fn in calls]
+        return [f.result(timeout=bound + 15) for f in futures]
+
+
+def own_control(server, bound):
+    return ControlPlane(server, timeout=bound)
+
+
+def test_two_resumes_racing_with_a_wave_of_new_requests_both_return_and_every_request_completes(
+        control, streams, budget, vllm_server, expected, record_property):
+    in_flight = [lifecycle.start_in_flight(streams, budget, name=f"in-flight-{i}") for i in range(2)]
+    lifecycle.pause_ok(control, "keep")
+    held, seen = lifecycle.send_while_paused(control, streams, budget, expected, "keep", name="held")
+    bound = budget.settle_s
+    wave = []
+    calls = [lambda: own_control(vllm_server, bound).resume(), lambda: own_control(vllm_server, bound).resume()]
+    calls += [lambda i=i: wave.append(streams(SHORT_PROMPT, budget.short_tokens, name=f"wave-{i}")) for i in range(WAVE)]
+    results = race(calls, bound)
+    resumes = results[:2]
+    for i, (r, took) in enumerate(resumes, 1):
+        assert r.status_code == 200, f"racing resume #{i} answered {r.status_code} after {took:.2f} s: {r.text[:200]}"
+    assert control.is_paused() is False, "is_paused is true after two racing resumes both answered 200"
+    everyone = in_flight + wave
+    for s in everyone:
+        lifecycle.assert_completed(s, budget, s.max_tokens, concurrent=len(everyone) + 1)
+    lifecycle.complete_after_resume(streams, held, budget, concurrent=len(everyone) + 1)
+    record_property("observed", "racing resumes answered 200 in " + ", ".join(f"{t * 1000:.0f} ms" for _, t in resumes)
+                    + f" (bound {bound:.1f} s); 2 requests kept in flight, 1 sent while paused ({seen}) and "
+                      f"{WAVE} sent during the race all completed")
+
+
+@pytest.mark.parametrize("modes", [("keep", "keep"), ("abort", "wait")], ids=["keep-keep", "abort-wait"])
+def test_two_pauses_racing_both_return_and_every_request_ends(
+        control, streams, budget, vllm_server, modes, record_property):
+    in_flight = [lifecycle.start_in_flight(streams, budget, name=f"in-flight-{i}") for i in range(2)]
+    bound = budget.finish_s(concurrent=2)  # a wait may drain the requests in flight
+    results = race([lambda m=m: own_control(vllm_server, bound).pause(m) for m in modes], bound)
+    for m, (r, took) in zip(modes, results):
+        assert r.status_code == 200, f"racing pause(mode={m}) answered {r.status_code} after {took:.2f} s: {r.text[:200]}"
+    assert control.is_paused() is True, f"is_paused is false after racing pauses {modes} both answered 200"
+    control.resume_unpaused()
+    ended = []
+    for s in in_flight:
+        s.join(budget.finish_s(concurrent=2))
+        assert s.error is None and s.finish_reason in ("abort", "length"), f"{s.name} did not end cleanly: {s.describe()}"
+        if modes == ("keep", "keep"):
+            lifecycle.assert_completed(s, budget, budget.long_tokens, concurrent=2)
+        ended.append(f"{s.finish_reason} after {s.n_tokens}")
+    record_property("observed", ", ".join(f"pause({m}) answered in {t * 1000:.0f} ms" for m, (_, t) in zip(modes, results))
+                    + f" (bound {bound:.1f} s); in flight: " + ", ".join(ended))

@@ -1,0 +1,117 @@
+"""Regression (SPEC §6): weight updates and what they leave behind.
+
+- Out-of-order weight-sync calls (vllm#57853: sleep -> start -> update crashed the engine):
+  update before start, finish without start, start twice, calls while sleeping. Each must be
+  refused with an error status (which one is recorded and checked against the version's
+  entry), and the server must stay healthy and keep generating.
+- Stale prefix cache after a weight update (SkyRL #2246, NeMo-RL #4018): a warmed prefix,
+  then a swap while paused with clear_cache=true: the same prompt must report
+  cached_tokens == 0 and answer exactly as a fresh server on the new weights.
+"""
+
+import pytest
+
+from fixtures import model_builder
+from fixtures.client import SHORT_PROMPT, complete, prompt_longer_than_a_cache_block
+from fixtures.server import ServerDied
+from fixtures.weight_swap import WARM_ANSWER_TOKENS, check_swap_recomputes_a_warm_prefix
+
+AREA = "Regression: weight updates"
+pytestmark = pytest.mark.regression
+UPDATE_INFO = {"names": ["model.norm.weight"], "dtype_names": ["float32"], "shapes": [[1]]}
+
+
+def status_class(code: int) -> str:
+    """How a refusal is recorded: '4xx' for any client error (the design's answer), else the code."""
+    return "4xx" if 400 <= code < 500 else str(code)
+
+
+class Calls:
+    def __init__(self, control, vllm_server):
+        self.control, self.server = control, vllm_server
+        self.log: list[str] = []
+
+    def post(self, label, path, **kw):
+        # A fresh connection per call: after an unhandled error the server may close the
+        # keep-alive connection, and reusing it would fail on our side, not the server's.
+        r = self.control.call("POST", path, timeout=60, headers={"Connection": "close"}, **kw)
+        reason = self.server.dead_reason()
+        assert reason is None, f"the server died after {label} (POST {path}): {reason}"
+        self.log.append(f"{label}: {r.status_code}")
+        return r
+
+    def ok(self, label, path, **kw):
+        r = self.post(label, path, **kw)
+        assert r.status_code == 200, (f"{label} (POST {path}) answered {r.status_code}: {r.text[:200]}. "
+                                      f"Calls so far: {'; '.join(self.log)}")
+        return r
+
+    def refused(self, label, path, expected, **kw):
+        r = self.post(label, path, **kw)
+        assert r.status_code >= 400, (
+            f"{label} (POST {path}) answered {r.status_code}: a call out of order was accepted. "
+            f"Calls so far: {'; '.join(self.log)}")
+        check = expected.check("refused_weight_update_status", status_class(r.status_code))
+        assert check.matches, (
+            f"{label} (POST {path}) was refused with {r.status_code}; expected "
+            f"{check.expected} ({expected.source('refused_weight_update_status')}). Body: {r.text[:200]}")
+        return r
+
+
+def test_weight_sync_calls_out_of_order_or_while_sleeping_are_refused_and_the_server_stays_healthy(
+        control, vllm_server, model, capabilities, expected, record_property):
+    calls = Calls(control, vllm_server)
+    calls.refused("update before start", "/update_weights", expected, json={"update_info": UPDATE_INFO})
+    calls.refused("finish without start", "/finish_weight_update", expected, json={})
+    first = calls.post("start", "/start_weight_update")
+    calls.refused("start again", "/start_weight_update", expected)
+    if first.status_code == 200:  # a configured backend started a real session: close it
+        calls.ok("finish", "/finish_weight_update", json={})
+    if calls.post("sleep", "/sleep", params={"level": "1"}).status_code == 200:
+        try:
+            calls.refused("start while sleeping", "/start_weight_update", expected)
+            calls.refused("update while sleeping", "/update_weights", expected, json={"update_info": UPDATE_INFO})
+        finally:
+            calls.ok("wake up", "/wake_up")
+    else:
+        calls.log.append("(the server does not sleep: calls while sleeping not checked)")
+    health = control.call("GET", "/health")
+    assert health.status_code == 200, f"/health answered {health.status_code} after: {'; '.join(calls.log)}"
+    c = complete(vllm_server, model, SHORT_PROMPT, 8)
+    assert c.finish_reason == "length" and c.completion_tokens == 8, f"generation after the calls: {c}"
+    record_property("observed", "; ".join(calls.log) + f"; weight transfer configured: "
+                    f"{capabilities.weight_transfer}; then /health 200 and an 8-token completion")
+
+
+@pytest.fixture(scope="module")
+def fresh_v2_answers(settings, server_pool):
+    """Answers of a fresh server started on V2, computed once and on demand (the server is
+    started at the first question and stopped at the end of the module)."""
+    started = []
+    cache: dict[tuple, list[int]] = {}
+
+    def answer(prompt: str, max_tokens: int) -> list[int]:
+        if (prompt, max_tokens) not in cache:
+            if not started:
+                try:
+                    started.append(server_pool.launch(str(model_builder.ensure("v2")), [], label="fresh-v2"))
+                except ServerDied as exc:
+                    pytest.fail(f"could not start the fresh V2 server: {exc}", pytrace=False)
+            srv = started[0]
+            cache[(prompt, max_tokens)] = complete(srv, srv.model, prompt, max_tokens).token_ids
+        return cache[(prompt, max_tokens)]
+
+    yield answer
+    for srv in started:
+        srv.stop()
+
+
+@pytest.mark.requires("prefix_caching", "prompt_tokens_details")
+def test_after_a_weight_swap_with_clear_cache_a_warmed_prefix_is_recomputed_and_matches_a_fresh_v2_server(
+        control, vllm_server, model, settings, fresh_v2_answers, record_property):
+    if settings.attach:
+        pytest.skip("needs the fixture's V1/V2 checkpoints and a fresh V2 server; attach mode has no launcher")
+    prompt = prompt_longer_than_a_cache_block(control, model, WARM_ANSWER_TOKENS)
+    observed = check_swap_recomputes_a_warm_prefix(control, prompt, str(model_builder.ensure("v2")),
+                                                   str(model_builder.ensure("v1")), fresh_v2_answers)
+    record_property("observed", observed)

@@ -1,0 +1,32 @@
+"""Sharpness on a data-parallel server: the DP drain race (vllm#51481) is caught. A proxy in
+front of the DP server lets pause(wait) hang once a request arrived during a pause; the
+regression test that pins the race, run against it in attach mode, must fail in bounded time.
+The transparent proxy passes the same test."""
+
+import pytest
+
+from selftests.broken_server import ProxyThread
+from selftests.inner import INNER_BOUND_S, run_suite, short_finding
+
+VLLM_SERVER_ARGS = ["--data-parallel-size", "2"]
+RUN_ORDER = 2  # shares the DP server of the dp modules
+pytestmark = [pytest.mark.selftest, pytest.mark.requires("data_parallel")]
+
+DRAIN = ("conformance/test_regression_dp_drain.py::test_a_request_sent_during_a_pause_never_blocks_later_pauses_"
+         "and_completes_after_resume")
+
+
+@pytest.mark.parametrize("breakage, caught", [("late-request-blocks-drain", True), ("none", False)],
+                         ids=["late-request-blocks-drain", "unbroken-proxy"])
+def test_the_dp_drain_regression_fails_only_against_a_server_with_the_drain_bug(
+        vllm_server, model, breakage, caught, tmp_path, record_property):
+    with ProxyThread(vllm_server.url, breakage) as proxy:
+        run = run_suite(proxy.url, model, [DRAIN], tmp_path)
+    finding = short_finding(run.failed_lines[0]) if run.failed_lines else "no FAILED line"
+    record_property("observed", f"{breakage}: exit {run.code} after {run.seconds:.1f} s; {finding}")
+    if caught:
+        assert run.code == 1 and "POST /pause got no answer" in run.output, (
+            f"the DP drain regression did not catch {breakage}: exit {run.code}\\n{run.output[-3000:]}")
+        assert run.seconds < INNER_BOUND_S, f"catching {breakage} took {run.seconds:.0f} s"
+    else:
+        assert run.code == 0, f"the DP drain regression failed against the transparent proxy:\\n{run.output[-3000:]}"
