@@ -17,18 +17,19 @@ from fixtures import lifecycle
 from fixtures.client import SHORT_PROMPT, complete, engine_request_counts, engine_request_id, generated_tokens
 
 AREA = "Regression: abort delivery"
-# Requests several times longer than the lifecycle's: /metrics can answer slowly while the API
-# server streams, and the requests must still be running when the engine is seen running them.
-LENGTH_FACTOR = 4
+# Requests several times longer than the lifecycle's: on a 2-core machine the API server shares
+# a core with the client, admits new requests late under load and answers /metrics slowly, and
+# the requests must still be running when the engine is seen running all of them.
+LENGTH_FACTOR = 8
 pytestmark = [pytest.mark.regression, pytest.mark.requires("metrics")]
 
 
 def wait_for_engine(control, budget, what, ok):
-    """Polls /metrics until ok() holds (deadline: a first token on a busy server)."""
-    deadline = time.monotonic() + budget.first_token_s
+    """Polls /metrics until ok() holds (deadline: admission of a few requests on a busy server)."""
+    deadline = time.monotonic() + budget.finish_s()
     while not ok():
         if time.monotonic() > deadline:
-            pytest.fail(f"test precondition: the engine never showed {what} within {budget.first_token_s:.1f} s "
+            pytest.fail(f"test precondition: the engine never showed {what} within {budget.finish_s():.1f} s "
                         f"(running/waiting {engine_request_counts(control)})", pytrace=False)
         time.sleep(0.02)
 
@@ -58,8 +59,8 @@ def test_abort_requests_with_ids_ends_exactly_those_streaming_and_non_streaming_
     with ThreadPoolExecutor(max_workers=1) as pool:
         plain = pool.submit(complete, vllm_server, model, SHORT_PROMPT, tokens,
                             budget.finish_s(tokens, concurrent=3), ids["plain-aborted"])
-        aborted.wait_first_token(budget.first_token_s)
-        spared.wait_first_token(budget.first_token_s)
+        aborted.wait_first_token(budget.finish_s())
+        spared.wait_first_token(budget.finish_s())
         wait_for_engine(control, budget, "three requests running",
                         lambda: (engine_request_counts(control) or (0, 0))[0] >= 3)
         r = control.ok("POST", "/abort_requests", json={"request_ids": [engine_request_id(ids["stream-aborted"]),
