@@ -54,6 +54,25 @@ def run_suite(url: str, model: str, targets: list[str], report_dir: Path, *extra
     return InnerRun(done.returncode, done.stdout + done.stderr, time.monotonic() - t0, Path(report_dir))
 
 
+def finding(run: InnerRun, breakage: str) -> str:
+    """One line for the report: how the inner run ended and its first failure."""
+    first = short_finding(run.failed_lines[0]) if run.failed_lines else "no FAILED line"
+    return f"{breakage}: exit {run.code} after {run.seconds:.1f} s; {first}"
+
+
+def assert_caught(run: InnerRun, breakage: str, message: str) -> None:
+    """The inner run failed, with `message` in its output, within the bound."""
+    assert run.code == 1 and run.failed_lines, (
+        f"the suite did not fail against a server where {breakage}: exit code {run.code}.\n{run.output[-3000:]}")
+    assert message in run.output, (
+        f"the suite failed against {breakage} but not with the expected finding {message!r}:\n{run.output[-3000:]}")
+    assert run.seconds < INNER_BOUND_S, f"catching {breakage} took {run.seconds:.0f} s (bound {INNER_BOUND_S} s)"
+
+
+def assert_no_false_failure(run: InnerRun) -> None:
+    assert run.code == 0, f"the suite failed against the transparent proxy (a false failure):\n{run.output[-3000:]}"
+
+
 def short_finding(failed_line: str) -> str:
     """'FAILED path::test_name[id] - Error: message' -> 'test_name[id]: Error: message' (shortened)."""
     test, _, message = failed_line.removeprefix("FAILED ").removeprefix("ERROR ").partition(" - ")
