@@ -17,10 +17,9 @@ from fixtures import lifecycle
 from fixtures.client import SHORT_PROMPT, complete, engine_request_counts, engine_request_id, generated_tokens
 
 AREA = "Regression: abort delivery"
-# Requests several times longer than the lifecycle's: on a 2-core machine the API server shares
-# a core with the client, admits new requests late under load and answers /metrics slowly, and
-# the requests must still be running when the engine is seen running all of them.
-LENGTH_FACTOR = 8
+# Requests of budget.abort_tokens, about ten times the lifecycle's: on a 2-core machine the API
+# server shares a core with the client, admits new requests late under load and answers /metrics
+# slowly, and the requests must still be running when the engine is seen running all of them.
 pytestmark = [pytest.mark.regression, pytest.mark.requires("metrics")]
 
 
@@ -51,7 +50,7 @@ def assert_partial_abort(c, tokens, who):
 
 def test_abort_requests_with_ids_ends_exactly_those_streaming_and_non_streaming_requests_with_their_partial_tokens(
         control, streams, budget, vllm_server, model, record_property):
-    tokens = LENGTH_FACTOR * budget.long_tokens
+    tokens = budget.abort_tokens
     tag = uuid.uuid4().hex[:8]
     ids = {name: f"conformance-{tag}-{name}" for name in ("stream-aborted", "stream-spared", "plain-aborted")}
     aborted = streams(SHORT_PROMPT, tokens, name="stream-aborted", request_id=ids["stream-aborted"])
@@ -81,7 +80,7 @@ def test_abort_requests_with_ids_ends_exactly_those_streaming_and_non_streaming_
 
 def test_pause_abort_ends_a_non_streaming_request_with_finish_reason_abort_and_its_partial_tokens(
         control, budget, vllm_server, model, record_property):
-    tokens = LENGTH_FACTOR * budget.long_tokens
+    tokens = budget.abort_tokens
     before = generated_tokens(control)
     with ThreadPoolExecutor(max_workers=1) as pool:
         plain = pool.submit(complete, vllm_server, model, SHORT_PROMPT, tokens, budget.finish_s(tokens))

@@ -41,7 +41,8 @@ def fate(stream, budget) -> str:
 def test_a_request_sent_during_a_pause_never_blocks_later_pauses_and_completes_after_resume(
         control, streams, budget, expected, capabilities, record_property):
     bound = budget.settle_s
-    in_flight = [lifecycle.start_in_flight(streams, budget, name=f"in-flight-{i}") for i in range(2)]
+    in_flight = [lifecycle.start_in_flight(streams, budget, name=f"in-flight-{i}", tokens=budget.abort_tokens)
+                 for i in range(2)]
     log = [timed(control, "pause(abort)", "POST", "/pause", bound, params={"mode": "abort"})]
     late, seen = lifecycle.send_while_paused(control, streams, budget, expected, "abort", name="late")
     for mode in ("wait", "keep"):  # the drain that timed out in the field, then a keep on top

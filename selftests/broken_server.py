@@ -19,6 +19,7 @@ BREAKS = {
     "none": "forward everything unchanged (the control case)",
     "keep-acts-like-abort": "pause(mode=keep) is forwarded as mode=abort",
     "wait-acts-like-abort": "pause(mode=wait) is forwarded as mode=abort",
+    "abort-acts-like-keep": "pause(mode=abort) is forwarded as mode=keep: requests in flight are frozen, not ended",
     "keep-is-a-no-op": "pause(mode=keep) answers 200 without pausing; /is_paused then says true",
     "resume-does-nothing": "/resume answers 200 without resuming",
     "is-paused-lies": "/is_paused always answers false",
@@ -121,6 +122,8 @@ class BrokenProxy:
                 query["mode"] = "abort"
             elif "wait-acts-like-abort" in b and mode == "wait":
                 query["mode"] = "abort"
+            elif "abort-acts-like-keep" in b and mode == "abort":
+                query["mode"] = "keep"
             elif "wait-does-not-drain" in b and mode == "wait":
                 query["mode"] = "keep"
             elif "keep-is-a-no-op" in b and mode == "keep":

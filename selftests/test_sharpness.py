@@ -23,6 +23,7 @@ pytestmark = pytest.mark.selftest
 LIFECYCLE = "conformance/test_request_lifecycle.py::"
 STATE = "conformance/test_pause_state.py::test_pause_twice_then_resume_twice_in_every_mode_for_two_rounds"
 INVALID = "conformance/test_invalid_mode.py"
+ABORT = LIFECYCLE + "test_abort_ends_the_in_flight_request_with_finish_reason_abort_and_queues_new_ones_until_resume"
 KEEP = LIFECYCLE + "test_keep_freezes_the_in_flight_request_and_resume_completes_it_and_the_queued_one"
 WAIT = LIFECYCLE + "test_wait_lets_the_in_flight_request_finish_before_pause_returns_and_queues_new_ones_until_resume"
 CLEAR = "conformance/test_clear_cache.py::test_pause_abort_keeps_the_prefix_cache_without_clear_cache_and_empties_it_with_clear_cache"
@@ -32,12 +33,15 @@ RESUME_RACE = RACES + "test_two_resumes_racing_with_a_wave_of_new_requests_both_
 PAUSE_RACE = RACES + "test_two_pauses_racing_both_return_and_every_request_ends[keep-keep]"
 ABORT_IDS = ("conformance/test_regression_abort.py::test_abort_requests_with_ids_ends_exactly_those_streaming_"
              "and_non_streaming_requests_with_their_partial_tokens")
+ABORT_PLAIN = ("conformance/test_regression_abort.py::test_pause_abort_ends_a_non_streaming_request_with_"
+               "finish_reason_abort_and_its_partial_tokens")
 LATENCY = "conformance/test_pause_latency.py::test_pause_keep_returns_within_the_bound_with_8_streams_in_flight_over_20_cycles"
 WEIGHT_CALLS = ("conformance/test_regression_weight_update.py::test_weight_sync_calls_out_of_order_or_while_"
                 "sleeping_are_refused_and_the_server_stays_healthy")
 
 # (break, the conformance test that must catch it, text its failure message must contain)
 CASES = [
+    ("abort-acts-like-keep", ABORT, "expected finish_reason 'abort'"),
     ("keep-acts-like-abort", KEEP, "ended while paused with keep"),
     ("keep-is-a-no-op", KEEP, "observed 'ran while paused'"),
     ("wait-acts-like-abort", WAIT, "expected it finished normally"),
@@ -71,6 +75,17 @@ def test_the_unbroken_proxy_passes_every_targeted_test(vllm_server, model, tmp_p
         run = run_suite(proxy.url, model, targets, tmp_path, bound=240)
     record_property("observed", f"exit {run.code} after {run.seconds:.1f} s")
     assert_no_false_failure(run)
+
+
+def test_a_pause_that_reaches_the_engine_seconds_late_does_not_fail_the_abort_rows(
+        vllm_server, model, tmp_path, record_property):
+    """A starved machine can deliver pause(abort) to the engine seconds after the client saw the
+    first token (a CI run saw a 2 s request finish first). The abort rows' requests outlast that:
+    through a proxy that holds every /pause for 3 s, a correct abort must still pass."""
+    with ProxyThread(vllm_server.url, "pause-is-slow") as proxy:
+        run = run_suite(proxy.url, model, [ABORT, ABORT_PLAIN], tmp_path)
+    record_property("observed", f"pause held 3 s: exit {run.code} after {run.seconds:.1f} s")
+    assert_no_false_failure(run, "a correct server whose /pause is held 3 s")
 
 
 def test_a_server_that_ignores_clear_cache_fails_the_stale_prefix_regression_after_a_swap(
