@@ -7,7 +7,6 @@ another server. Launch mode starts a second CPU server beside the shared one; at
 uses every URL of --vllm-url URL1,URL2,... (the servers must be dedicated to the run).
 """
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -16,7 +15,7 @@ import pytest
 from fixtures import capabilities as capabilities_mod
 from fixtures import expectations as expectations_mod
 from fixtures import lifecycle
-from fixtures.client import Budget, ControlPlane, budget_of, finished_requests
+from fixtures.client import Budget, ControlPlane, budget_of, finished_requests, wait_until
 from fixtures.server import Server, ServerDied
 
 AREA = "Fleet: several servers at once"
@@ -127,13 +126,14 @@ def finished_on(member) -> float | None:
 def assert_finished_here(members, before, want=1):
     """Each server's own engine counted `want` more normally finished requests: the work sent
     to a server completed on that server. Polls, because the counter may trail the response."""
-    deadline = time.monotonic() + max(m.budget.settle_s for m in members)
-    while True:
+    deltas = []
+
+    def counted():
         after = [finished_on(m) for m in members]
-        deltas = [None if a is None or b is None else a - b for a, b in zip(after, before)]
-        if all(d is None or d >= want for d in deltas) or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
+        deltas[:] = [None if a is None or b is None else a - b for a, b in zip(after, before)]
+        return all(d is None or d >= want for d in deltas)
+
+    wait_until(counted, max(m.budget.settle_s for m in members))
     for m, d in zip(members, deltas):
         assert d is None or d == want, (
             f"{m.name} finished {d:g} requests normally during the test (vllm:request_success_total, "

@@ -6,7 +6,6 @@ A non-streaming client shows nothing until its response arrives, so "in flight" 
 the engine's own counters (/metrics): running requests, and tokens generated so far.
 """
 
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -14,7 +13,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 import pytest
 
 from fixtures import lifecycle
-from fixtures.client import SHORT_PROMPT, complete, engine_request_counts, engine_request_id, generated_tokens
+from fixtures.client import (SHORT_PROMPT, complete, engine_request_counts, engine_request_id, generated_tokens,
+                             wait_until)
 
 AREA = "Regression: abort delivery"
 # Requests of budget.abort_tokens, about ten times the lifecycle's: on a 2-core machine the API
@@ -25,12 +25,9 @@ pytestmark = [pytest.mark.regression, pytest.mark.requires("metrics")]
 
 def wait_for_engine(control, budget, what, ok):
     """Polls /metrics until ok() holds (deadline: admission of a few requests on a busy server)."""
-    deadline = time.monotonic() + budget.finish_s()
-    while not ok():
-        if time.monotonic() > deadline:
-            pytest.fail(f"test precondition: the engine never showed {what} within {budget.finish_s():.1f} s "
-                        f"(running/waiting {engine_request_counts(control)})", pytrace=False)
-        time.sleep(0.02)
+    if not wait_until(ok, budget.finish_s(), interval=0.02):
+        pytest.fail(f"test precondition: the engine never showed {what} within {budget.finish_s():.1f} s "
+                    f"(running/waiting {engine_request_counts(control)})", pytrace=False)
 
 
 def result_or_fail(future, seconds, who):
