@@ -341,20 +341,20 @@ class RunReport:
             row["outcome"] = "failed"
             row["reason"] = (row["reason"] + "; " if row["reason"] else "") + "teardown: " + _short_reason(report)
             return
-        info = self.config.stash.get(ITEMS, {}).get(report.nodeid, {"area": report.nodeid.split("::")[0],
-                                                                     "markers": []})
-        self.rows[report.nodeid] = {
-            "id": report.nodeid, "area": info["area"], "markers": info["markers"], "outcome": report.outcome,
-            "duration": report.duration, "reason": _short_reason(report),
-            "observed": "; ".join(str(v) for k, v in report.user_properties if k == "observed"),
-            "checks": [v for k, v in report.user_properties if k == "expectation"],
-        }
+        info = self.config.stash.get(ITEMS, {}).get(report.nodeid, {})
+        self._row(report, report.outcome, _short_reason(report), info.get("area"), info.get("markers", []))
 
     def pytest_collectreport(self, report):
         if report.failed:  # a module that cannot even be collected is a failed row, not a silent gap
-            self.rows[report.nodeid] = {"id": report.nodeid, "area": report.nodeid.split("::")[0], "markers": [],
-                                        "outcome": "failed", "duration": 0.0, "observed": "", "checks": [],
-                                        "reason": "collection failed: " + _short_reason(report)}
+            self._row(report, "failed", "collection failed: " + _short_reason(report))
+
+    def _row(self, report, outcome, reason, area=None, markers=()):
+        self.rows[report.nodeid] = {
+            "id": report.nodeid, "area": area or report.nodeid.split("::")[0], "markers": list(markers),
+            "outcome": outcome, "duration": getattr(report, "duration", 0.0), "reason": reason,
+            "observed": "; ".join(str(v) for k, v in getattr(report, "user_properties", []) if k == "observed"),
+            "checks": [v for k, v in getattr(report, "user_properties", []) if k == "expectation"],
+        }
 
     def pytest_sessionfinish(self, session, exitstatus):
         settings = self.config.stash[SETTINGS]

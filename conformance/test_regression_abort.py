@@ -30,11 +30,15 @@ def wait_for_engine(control, budget, what, ok):
                     f"(running/waiting {engine_request_counts(control)})", pytrace=False)
 
 
-def result_or_fail(future, seconds, who):
+def result_or_fail(future, seconds, who, control, request_id):
     try:
         return future.result(timeout=seconds)
     except FutureTimeout:
-        pytest.fail(f"{who} was left waiting: no response {seconds:.1f} s after the abort", pytrace=False)
+        # End it by id, so the client's thread returns and this failure is reported now rather
+        # than when the request's own timeout runs out.
+        r = control.call("POST", "/abort_requests", json={"request_ids": [engine_request_id(request_id)]})
+        pytest.fail(f"{who} was left waiting: no response {seconds:.1f} s after the abort "
+                    f"(then ended by /abort_requests: {r.status_code})", pytrace=False)
 
 
 def assert_partial_abort(c, tokens, who):
@@ -61,7 +65,7 @@ def test_abort_requests_with_ids_ends_exactly_those_streaming_and_non_streaming_
                         lambda: (engine_request_counts(control) or (0, 0))[0] >= 3)
         r = control.ok("POST", "/abort_requests", json={"request_ids": [engine_request_id(ids["stream-aborted"]),
                                                                          engine_request_id(ids["plain-aborted"])]})
-        c = result_or_fail(plain, budget.settle_s, "the non-streaming client")
+        c = result_or_fail(plain, budget.settle_s, "the non-streaming client", control, ids["plain-aborted"])
     aborted.join(budget.settle_s)
     assert aborted.error is None and aborted.finish_reason == "abort", (
         f"stream named in /abort_requests: {aborted.describe()}; expected finish_reason 'abort'")
@@ -79,10 +83,11 @@ def test_pause_abort_ends_a_non_streaming_request_with_finish_reason_abort_and_i
         control, budget, vllm_server, model, record_property):
     tokens = budget.abort_tokens
     before = generated_tokens(control)
+    request_id = f"conformance-{uuid.uuid4().hex[:8]}-plain"
     with ThreadPoolExecutor(max_workers=1) as pool:
-        plain = pool.submit(complete, vllm_server, model, SHORT_PROMPT, tokens, budget.finish_s(tokens))
+        plain = pool.submit(complete, vllm_server, model, SHORT_PROMPT, tokens, budget.finish_s(tokens), request_id)
         wait_for_engine(control, budget, "a few tokens generated", lambda: generated_tokens(control) >= before + 2)
         lifecycle.pause_ok(control, "abort")
-        c = result_or_fail(plain, budget.settle_s, "the non-streaming client")
+        c = result_or_fail(plain, budget.settle_s, "the non-streaming client", control, request_id)
     assert_partial_abort(c, tokens, "a non-streaming request in flight at pause(abort)")
     record_property("observed", f"non-streaming: finish_reason {c.finish_reason!r} after {c.completion_tokens} tokens")

@@ -85,21 +85,17 @@ def test_weight_sync_calls_out_of_order_or_while_sleeping_are_refused_and_the_se
 
 @pytest.fixture(scope="module")
 def fresh_v2_answers(settings, server_pool):
-    """Answers of a fresh server started on V2, computed once and on demand (the server is
-    started at the first question and stopped at the end of the module)."""
+    """Answers of a fresh server started on V2 (started at the first question and stopped at
+    the end of the module)."""
     started = []
-    cache: dict[tuple, list[int]] = {}
 
     def answer(prompt: str, max_tokens: int) -> list[int]:
-        if (prompt, max_tokens) not in cache:
-            if not started:
-                try:
-                    started.append(server_pool.launch(str(model_builder.ensure("v2")), [], label="fresh-v2"))
-                except ServerDied as exc:
-                    pytest.fail(f"could not start the fresh V2 server: {exc}", pytrace=False)
-            srv = started[0]
-            cache[(prompt, max_tokens)] = complete(srv, srv.model, prompt, max_tokens).token_ids
-        return cache[(prompt, max_tokens)]
+        if not started:
+            try:
+                started.append(server_pool.launch(str(model_builder.ensure("v2")), [], label="fresh-v2"))
+            except ServerDied as exc:
+                pytest.fail(f"could not start the fresh V2 server: {exc}", pytrace=False)
+        return complete(started[0], started[0].model, prompt, max_tokens).token_ids
 
     yield answer
     for srv in started:

@@ -45,6 +45,8 @@ BREAKS = {
 HANG_S = 600  # "never returns": far beyond any bound of the suite
 OVERLAP_S = 0.3  # racing calls are held this long, so a second one surely arrives during the first
 SLOW_PAUSE_S = 3.0
+# On exit, handlers still held (a "hang" break) get this long, then are cancelled.
+SHUTDOWN_S = 2.0
 WEIGHT_PATHS = {"/start_weight_update", "/update_weights", "/finish_weight_update"}
 COMPLETION_PATHS = {"/v1/completions", "/v1/chat/completions"}
 DEV_PATHS = {"/pause", "/resume", "/is_paused", "/server_info"}
@@ -184,7 +186,7 @@ class ProxyThread:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
-        runner = web.AppRunner(self.proxy.app())
+        runner = web.AppRunner(self.proxy.app(), shutdown_timeout=SHUTDOWN_S)
         self.loop.run_until_complete(runner.setup())
         site = web.TCPSite(runner, "127.0.0.1", 0)
         self.loop.run_until_complete(site.start())
@@ -193,6 +195,10 @@ class ProxyThread:
         self._ready.set()
         self.loop.run_forever()
         self.loop.run_until_complete(runner.cleanup())
+        pending = asyncio.all_tasks(self.loop)  # handlers cleanup gave up on: end them before closing
+        for task in pending:
+            task.cancel()
+        self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         self.loop.close()
 
     def __enter__(self) -> "ProxyThread":

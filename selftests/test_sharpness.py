@@ -42,6 +42,7 @@ WEIGHT_CALLS = ("conformance/test_regression_weight_update.py::test_weight_sync_
 # (break, the conformance test that must catch it, text its failure message must contain)
 CASES = [
     ("abort-acts-like-keep", ABORT, "expected finish_reason 'abort'"),
+    ("abort-acts-like-keep", ABORT_PLAIN, "the non-streaming client was left waiting"),
     ("keep-acts-like-abort", KEEP, "ended while paused with keep"),
     ("keep-is-a-no-op", KEEP, "observed 'ran while paused'"),
     ("wait-acts-like-abort", WAIT, "expected it finished normally"),
@@ -59,7 +60,11 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("breakage, target, message", CASES, ids=[c[0] for c in CASES])
+def case_id(breakage, target, _message):
+    return breakage + ("-non-streaming" if target == ABORT_PLAIN else "")
+
+
+@pytest.mark.parametrize("breakage, target, message", CASES, ids=[case_id(*c) for c in CASES])
 def test_a_server_with_one_broken_row_fails_the_test_that_pins_it(
         vllm_server, model, breakage, target, message, tmp_path, record_property):
     with ProxyThread(vllm_server.url, breakage) as proxy:
