@@ -84,7 +84,7 @@ def test_weight_sync_calls_out_of_order_or_while_sleeping_are_refused_and_the_se
 
 
 @pytest.fixture(scope="module")
-def fresh_v2_answers(settings, server_pool):
+def fresh_v2_answers(server_pool):
     """Answers of a fresh server started on V2 (started at the first question and stopped at
     the end of the module)."""
     started = []
