@@ -236,6 +236,10 @@ def expected(vllm_server, control, settings, record_property) -> expectations_mo
     return exp.for_test(lambda c: record_property("expectation", c.as_dict()))
 
 
+LOG_START = pytest.StashKey[tuple]()  # (server, its log's size when the test began)
+FAILURE_LOG_LINES = 60
+
+
 @pytest.fixture(autouse=True)
 def _resumed_around_each_test(request):
     """Every test against a server needs the pause routes (and what its `requires` marker
@@ -251,6 +255,7 @@ def _resumed_around_each_test(request):
     marker = request.node.get_closest_marker("requires")
     capabilities_mod.require(srv, ctl, ["pause_routes", *(marker.args if marker else ())])
     ctl.resume_unpaused()
+    request.node.stash[LOG_START] = (srv, srv.log_size())
     yield
     if srv.dead_reason() is None:
         ctl.ok("POST", "/resume")
@@ -307,8 +312,14 @@ def pytest_collection_modifyitems(session, config, items):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
-    """--strict (a certified run): a skipped P0 test is a failure, as in Kubernetes conformance."""
+    """--strict (a certified run): a skipped P0 test is a failure, as in Kubernetes conformance.
+    A failed test against a launched server shows what that server logged during the test."""
     rep = yield
+    if rep.failed and rep.when == "call" and LOG_START in item.stash:
+        srv, start = item.stash[LOG_START]
+        if srv.log_path is not None:
+            rep.sections.append((f"server log during the test ({srv.log_path}, last {FAILURE_LOG_LINES} lines)",
+                                 srv.log_since(start, FAILURE_LOG_LINES)))
     if rep.skipped and item.config.stash[SETTINGS].strict and item.get_closest_marker("p0") \
             and not hasattr(rep, "wasxfail"):
         rep.outcome = "failed"

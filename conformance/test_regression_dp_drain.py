@@ -13,6 +13,7 @@ import time
 import pytest
 
 from fixtures import lifecycle
+from fixtures.client import engine_request_counts
 
 AREA = "Regression: data-parallel drain"
 VLLM_SERVER_ARGS = ["--data-parallel-size", "2"]
@@ -41,18 +42,27 @@ def fate(stream, budget) -> str:
 def test_a_request_sent_during_a_pause_never_blocks_later_pauses_and_completes_after_resume(
         control, streams, budget, expected, capabilities, record_property):
     bound = budget.settle_s
-    in_flight = [lifecycle.start_in_flight(streams, budget, name=f"in-flight-{i}", tokens=budget.abort_tokens)
-                 for i in range(2)]
+    in_flight = lifecycle.start_all_in_flight(streams, budget, ["in-flight-0", "in-flight-1"], budget.abort_tokens)
+    counts = engine_request_counts(control)
+    engine = "no /metrics" if counts is None else "running {:g}, waiting {:g}".format(*counts)
+    sent_at = lifecycle.tokens_of(in_flight)
     log = [timed(control, "pause(abort)", "POST", "/pause", bound, params={"mode": "abort"})]
+    timing = (f"pause(abort) sent at tokens {sent_at}, answered at {lifecycle.tokens_of(in_flight)}; "
+              f"the engine reported {engine} just before it")
+    for s in in_flight:
+        s.done.wait(budget.settle_s)  # delivery of the final chunk
+        assert s.finish_reason == "abort", (
+            f"{s.name} after pause(abort): {s.describe()} {budget.settle_s:.1f} s after the pause answered; "
+            f"expected finish_reason 'abort' ({timing})")
+    aborted_at = lifecycle.tokens_of(in_flight)
     late, seen = lifecycle.send_while_paused(control, streams, budget, expected, "abort", name="late")
     for mode in ("wait", "keep"):  # the drain that timed out in the field, then a keep on top
         log.append(timed(control, f"pause({mode}) again", "POST", "/pause", bound, params={"mode": mode}))
         assert control.is_paused() is True, f"is_paused is false after pause({mode}) with a late request queued"
     log.append(timed(control, "resume", "POST", "/resume", bound))
     lifecycle.complete_after_resume(streams, late, budget)
-    for s in in_flight:
-        s.join(budget.settle_s)
-        assert s.finish_reason == "abort", f"{s.name} after pause(abort): {s.describe()}"
+    assert lifecycle.tokens_of(in_flight) == aborted_at, (
+        f"the aborted requests delivered more tokens after resume: {aborted_at} -> {lifecycle.tokens_of(in_flight)}")
     drained = lifecycle.assert_engine_drains(control, budget)
     record_property("observed", f"DP {capabilities.data_parallel_size}; late request: {seen}; "
                     + ", ".join(log) + f" (bound {bound:.1f} s each); the late request completed; {drained}")

@@ -40,7 +40,7 @@ def own_control(server, bound):
 
 def test_two_resumes_racing_with_a_wave_of_new_requests_both_return_and_every_request_completes(
         control, streams, budget, vllm_server, expected, record_property):
-    in_flight = [lifecycle.start_in_flight(streams, budget, name=f"in-flight-{i}") for i in range(2)]
+    in_flight = lifecycle.start_all_in_flight(streams, budget, ["in-flight-0", "in-flight-1"])
     lifecycle.pause_ok(control, "keep")
     held, seen = lifecycle.send_while_paused(control, streams, budget, expected, "keep", name="held")
     bound = budget.settle_s
@@ -64,7 +64,7 @@ def test_two_resumes_racing_with_a_wave_of_new_requests_both_return_and_every_re
 @pytest.mark.parametrize("modes", [("keep", "keep"), ("abort", "wait")], ids=["keep-keep", "abort-wait"])
 def test_two_pauses_racing_both_return_and_every_request_ends(
         control, streams, budget, vllm_server, modes, record_property):
-    in_flight = [lifecycle.start_in_flight(streams, budget, name=f"in-flight-{i}") for i in range(2)]
+    in_flight = lifecycle.start_all_in_flight(streams, budget, ["in-flight-0", "in-flight-1"])
     bound = budget.finish_s(concurrent=2)  # a wait may drain the requests in flight
     results = race([lambda m=m: own_control(vllm_server, bound).pause(m) for m in modes], bound)
     for m, (r, took) in zip(modes, results):

@@ -32,9 +32,7 @@ class Calls:
         self.log: list[str] = []
 
     def post(self, label, path, **kw):
-        # A fresh connection per call: after an unhandled error the server may close the
-        # keep-alive connection, and reusing it would fail on our side, not the server's.
-        r = self.control.call("POST", path, timeout=60, headers={"Connection": "close"}, **kw)
+        r = self.control.call("POST", path, timeout=60, **kw)  # a fresh connection, as every control call
         reason = self.server.dead_reason()
         assert reason is None, f"the server died after {label} (POST {path}): {reason}"
         self.log.append(f"{label}: {r.status_code}")
