@@ -11,8 +11,8 @@ from fixtures import lifecycle
 from fixtures.client import SHORT_PROMPT
 
 AREA = "Regression: pause latency"
-# 20 cycles per mode; admitting 8 new streams per abort cycle takes seconds on 2 cores.
-pytestmark = [pytest.mark.regression, pytest.mark.timeout(600)]
+# 20 cycles of 8 new streams each: ~6 s here, bounded above pytest.ini's 120 s for slow servers.
+pytestmark = [pytest.mark.regression, pytest.mark.timeout(300)]
 STREAMS = 8
 CYCLES = 20
 
@@ -45,10 +45,8 @@ def stream_tokens(control, model, budget, factor):
 
 
 def eight_in_flight(streams, running, tokens, budget, name):
-    """Returns STREAMS streams that all have their first token and none has finished. On a loaded
-    2-core server some of 8 new requests reach the engine seconds after the others (the engine
-    reports none waiting; measured up to 20 s), so a stream that finished meanwhile is replaced
-    by a new one until all are in flight together."""
+    """Returns STREAMS streams that all have their first token and none has finished: a stream
+    that finished before the others arrived is replaced until all are in flight together."""
     deadline = time.monotonic() + 3 * budget.finish_s(tokens)
     started = 0
     while True:

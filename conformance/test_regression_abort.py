@@ -18,8 +18,8 @@ from fixtures.client import (SHORT_PROMPT, complete, engine_request_counts, engi
 
 AREA = "Regression: abort delivery"
 # Requests of budget.abort_tokens, about ten times the lifecycle's: on a 2-core machine the API
-# server shares a core with the client, admits new requests late under load and answers /metrics
-# slowly, and the requests must still be running when the engine is seen running all of them.
+# server shares the cores with the client and answers /metrics slowly under load, and the
+# requests must still be running when the engine is seen running all of them.
 pytestmark = [pytest.mark.regression, pytest.mark.requires("metrics")]
 
 
