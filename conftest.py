@@ -319,7 +319,7 @@ def pytest_runtest_makereport(item, call):
         srv, start = item.stash[LOG_START]
         if srv.log_path is not None:
             rep.sections.append((f"server log during the test ({srv.log_path}, last {FAILURE_LOG_LINES} lines)",
-                                 srv.log_since(start, FAILURE_LOG_LINES)))
+                                 server_mod.tail(srv.log_path, FAILURE_LOG_LINES, start)))
     if rep.skipped and item.config.stash[SETTINGS].strict and item.get_closest_marker("p0") \
             and not hasattr(rep, "wasxfail"):
         rep.outcome = "failed"
