@@ -87,7 +87,7 @@ def test_pause_abort_returns_within_the_bound_with_8_streams_in_flight_over_20_c
         latencies.append(lifecycle.pause_ok(control, "abort", timeout=bound + 5))
         assert_within("abort", latencies, bound)
         for s in batch:
-            s.join(budget.settle_s)
+            s.wait_end(budget.settle_s, budget.finish_s(tokens))  # delivery of the final chunk
             assert s.error is None and s.finish_reason == "abort", (
                 f"cycle {cycle + 1}: {s.name} after pause(abort): {s.describe()}")
         control.ok("POST", "/resume")
