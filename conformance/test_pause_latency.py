@@ -8,7 +8,7 @@ import time
 import pytest
 
 from fixtures import lifecycle
-from fixtures.client import SHORT_PROMPT
+from fixtures.client import SHORT_PROMPT, cpu_wait_s
 
 AREA = "Regression: pause latency"
 # 20 cycles of 8 new streams each: ~6 s here, bounded above pytest.ini's 120 s for slow servers.
@@ -33,10 +33,20 @@ def figures(mode, latencies, bound):
             f"p99 {percentile(ms, 99):.0f} ms, max {max(ms):.0f} ms (bound {bound * 1000:.0f} ms)")
 
 
-def assert_within(mode, latencies, bound):
-    slow = [(i, t) for i, t in enumerate(latencies) if t > bound]
+def timed_pause(control, mode, bound, latencies, cpu_waits):
+    """pause(mode), timed, with how long this thread waited for a CPU meanwhile."""
+    before = cpu_wait_s()
+    latencies.append(lifecycle.pause_ok(control, mode, timeout=bound + 5))
+    after = cpu_wait_s()
+    cpu_waits.append(None if before is None or after is None else after - before)
+
+
+def assert_within(mode, latencies, cpu_waits, bound):
+    slow = [(i, t, w) for i, (t, w) in enumerate(zip(latencies, cpu_waits)) if t > bound]
     assert not slow, (f"pause({mode}) exceeded {bound:.2f} s in cycle(s) "
-                      + ", ".join(f"#{i + 1}: {t:.2f} s" for i, t in slow) + f"; {figures(mode, latencies, bound)}")
+                      + ", ".join(f"#{i + 1}: {t:.2f} s" + ("" if w is None else
+                                  f" (the test thread waited {w:.2f} s of it for a CPU)") for i, t, w in slow)
+                      + f"; {figures(mode, latencies, bound)}")
 
 
 def stream_tokens(control, model, budget, factor):
@@ -67,11 +77,11 @@ def test_pause_keep_returns_within_the_bound_with_8_streams_in_flight_over_20_cy
         control, streams, budget, model, record_property):
     bound = bound_s(budget)
     tokens = stream_tokens(control, model, budget, 4)
-    running, latencies = [], []
+    running, latencies, cpu_waits = [], [], []
     for _ in range(CYCLES):
         running = eight_in_flight(streams, running, tokens, budget, "stream")
-        latencies.append(lifecycle.pause_ok(control, "keep", timeout=bound + 5))
-        assert_within("keep", latencies, bound)  # at once: a slow server fails in its first slow cycle
+        timed_pause(control, "keep", bound, latencies, cpu_waits)
+        assert_within("keep", latencies, cpu_waits, bound)  # at once: a slow server fails in its first slow cycle
         control.ok("POST", "/resume")
     record_property("observed", figures("keep", latencies, bound))
     lifecycle.pause_ok(control, "abort")  # end the long streams now rather than wait for them
@@ -81,11 +91,11 @@ def test_pause_abort_returns_within_the_bound_with_8_streams_in_flight_over_20_c
         control, streams, budget, model, record_property):
     bound = bound_s(budget)
     tokens = stream_tokens(control, model, budget, 4)
-    latencies = []
+    latencies, cpu_waits = [], []
     for cycle in range(CYCLES):
         batch = eight_in_flight(streams, [], tokens, budget, f"cycle-{cycle + 1}")
-        latencies.append(lifecycle.pause_ok(control, "abort", timeout=bound + 5))
-        assert_within("abort", latencies, bound)
+        timed_pause(control, "abort", bound, latencies, cpu_waits)
+        assert_within("abort", latencies, cpu_waits, bound)
         for s in batch:
             s.wait_end(budget.settle_s, budget.finish_s(tokens))  # delivery of the final chunk
             assert s.error is None and s.finish_reason == "abort", (
