@@ -97,8 +97,6 @@ def test_pause_abort_returns_within_the_bound_with_8_streams_in_flight_over_20_c
         timed_pause(control, "abort", bound, latencies, cpu_waits)
         assert_within("abort", latencies, cpu_waits, bound)
         for s in batch:
-            s.wait_end(budget.settle_s, budget.finish_s(tokens))  # delivery of the final chunk
-            assert s.error is None and s.finish_reason == "abort", (
-                f"cycle {cycle + 1}: {s.name} after pause(abort): {s.describe()}")
+            lifecycle.assert_aborted(s, budget, cause=f"after pause(abort) in cycle {cycle + 1}")
         control.ok("POST", "/resume")
     record_property("observed", figures("abort", latencies, bound))

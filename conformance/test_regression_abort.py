@@ -66,10 +66,7 @@ def test_abort_requests_with_ids_ends_exactly_those_streaming_and_non_streaming_
         r = control.ok("POST", "/abort_requests", json={"request_ids": [engine_request_id(ids["stream-aborted"]),
                                                                          engine_request_id(ids["plain-aborted"])]})
         c = result_or_fail(plain, budget.settle_s, "the non-streaming client", control, ids["plain-aborted"])
-    aborted.wait_end(budget.settle_s, budget.finish_s(tokens))  # delivery of the final chunk
-    assert aborted.error is None and aborted.finish_reason == "abort", (
-        f"stream named in /abort_requests: {aborted.describe()}; expected finish_reason 'abort'")
-    assert 0 < aborted.n_tokens < tokens, f"aborted stream delivered no partial output: {aborted.describe()}"
+    lifecycle.assert_aborted(aborted, budget, cause="named in /abort_requests")
     assert_partial_abort(c, tokens, "the non-streaming request named in /abort_requests")
     assert not (spared.done.is_set() and spared.finish_reason == "abort"), (
         f"a stream NOT named in /abort_requests was aborted too: {spared.describe()}")

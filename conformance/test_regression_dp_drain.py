@@ -50,7 +50,7 @@ def test_a_request_sent_during_a_pause_never_blocks_later_pauses_and_completes_a
     timing = (f"pause(abort) sent at tokens {sent_at}, answered at {lifecycle.tokens_of(in_flight)}; "
               f"the engine reported {engine} just before it")
     for s in in_flight:
-        lifecycle.assert_aborted(s, budget, timing)
+        lifecycle.assert_aborted(s, budget, timing=timing)
     aborted_at = lifecycle.tokens_of(in_flight)
     late, seen = lifecycle.send_while_paused(control, streams, budget, expected, "abort", name="late")
     for mode in ("wait", "keep"):  # the drain that timed out in the field, then a keep on top
