@@ -8,7 +8,7 @@ import time
 import pytest
 
 from fixtures import lifecycle
-from fixtures.client import SHORT_PROMPT, cpu_wait_s
+from fixtures.client import SHORT_PROMPT, cpu_wait_s, engine_state
 
 AREA = "Regression: pause latency"
 # 20 cycles of 8 new streams each: ~6 s here, bounded above pytest.ini's 120 s for slow servers.
@@ -42,7 +42,9 @@ def timed_pause(control, mode, bound, latencies, cpu_waits):
 
 
 def assert_within(mode, latencies, cpu_waits, bound):
-    slow = [(i, t, w) for i, (t, w) in enumerate(zip(latencies, cpu_waits)) if t > bound]
+    """Each pause answered within the bound, less the time the test thread itself waited for
+    a CPU meanwhile (a starved test machine is not a slow server)."""
+    slow = [(i, t, w) for i, (t, w) in enumerate(zip(latencies, cpu_waits)) if t - (w or 0.0) > bound]
     assert not slow, (f"pause({mode}) exceeded {bound:.2f} s in cycle(s) "
                       + ", ".join(f"#{i + 1}: {t:.2f} s" + ("" if w is None else
                                   f" (the test thread waited {w:.2f} s of it for a CPU)") for i, t, w in slow)
@@ -91,12 +93,19 @@ def test_pause_abort_returns_within_the_bound_with_8_streams_in_flight_over_20_c
         control, streams, budget, model, record_property):
     bound = bound_s(budget)
     tokens = stream_tokens(control, model, budget, 4)
-    latencies, cpu_waits = [], []
+    latencies, cpu_waits, finished_first = [], [], 0
     for cycle in range(CYCLES):
+        before = engine_state(control)
         batch = eight_in_flight(streams, [], tokens, budget, f"cycle-{cycle + 1}")
         timed_pause(control, "abort", bound, latencies, cpu_waits)
         assert_within("abort", latencies, cpu_waits, bound)
-        for s in batch:
-            lifecycle.assert_aborted(s, budget, cause=f"after pause(abort) in cycle {cycle + 1}")
+        done_before = lifecycle.finished_normally(before, engine_state(control))
+        _, finished = lifecycle.assert_aborted_unless_finished_before(
+            batch, done_before, budget, cause=f"after pause(abort) in cycle {cycle + 1}")
+        finished_first += len(finished)
         control.ok("POST", "/resume")
-    record_property("observed", figures("abort", latencies, bound))
+    if finished_first == STREAMS * CYCLES:
+        lifecycle.fail_all_void("pause(abort)", [f"all {STREAMS} streams of each of {CYCLES} cycles"])
+    record_property("observed", figures("abort", latencies, bound)
+                    + (f"; {finished_first} of {STREAMS * CYCLES} streams the engine had finished before the abort"
+                       if finished_first else ""))

@@ -20,6 +20,7 @@ BREAKS = {
     "keep-acts-like-abort": "pause(mode=keep) is forwarded as mode=abort",
     "wait-acts-like-abort": "pause(mode=wait) is forwarded as mode=abort",
     "abort-acts-like-keep": "pause(mode=abort) is forwarded as mode=keep: requests in flight are frozen, not ended",
+    "abort-reported-as-stop": "completions report finish_reason 'stop' where the server said 'abort'",
     "keep-is-a-no-op": "pause(mode=keep) answers 200 without pausing; /is_paused then says true",
     "resume-does-nothing": "/resume answers 200 without resuming",
     "is-paused-lies": "/is_paused always answers false",
@@ -52,6 +53,8 @@ COMPLETION_PATHS = {"/v1/completions", "/v1/chat/completions"}
 DEV_PATHS = {"/pause", "/resume", "/is_paused", "/server_info"}
 VALID_MODES = {"abort", "wait", "keep"}
 HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
+# abort-reported-as-stop rewrites this in completion bodies (each SSE event arrives whole).
+ABORT_REASON = (b'"finish_reason":"abort"', b'"finish_reason":"stop"')
 
 
 class BrokenProxy:
@@ -157,10 +160,11 @@ class BrokenProxy:
             self.paused = True
         elif path == "/resume":
             self.paused = False
-        return await self._forward(request, path, query)
+        rewrite = ABORT_REASON if path in COMPLETION_PATHS and "abort-reported-as-stop" in b else None
+        return await self._forward(request, path, query, rewrite=rewrite)
 
     async def _forward(self, request: web.Request, path: str, query: dict,
-                       body: bytes | None = None) -> web.StreamResponse:
+                       body: bytes | None = None, rewrite: tuple[bytes, bytes] | None = None) -> web.StreamResponse:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         body = await request.read() if body is None else body
         async with self.session.request(request.method, self.upstream + path, params=query,
@@ -169,7 +173,7 @@ class BrokenProxy:
                 k: v for k, v in up.headers.items() if k.lower() not in HOP_HEADERS | {"content-encoding"}})
             await out.prepare(request)
             async for chunk in up.content.iter_any():  # stream SSE through as it comes
-                await out.write(chunk)
+                await out.write(chunk.replace(*rewrite) if rewrite else chunk)
             await out.write_eof()
             return out
 

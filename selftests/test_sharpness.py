@@ -43,6 +43,7 @@ WEIGHT_CALLS = ("conformance/test_regression_weight_update.py::test_weight_sync_
 CASES = [
     ("abort-acts-like-keep", ABORT, "expected finish_reason 'abort'"),
     ("abort-acts-like-keep", ABORT_PLAIN, "the non-streaming client was left waiting"),
+    ("abort-reported-as-stop", ABORT, "expected finish_reason 'abort'"),
     ("keep-acts-like-abort", KEEP, "ended while paused with keep"),
     ("keep-is-a-no-op", KEEP, "observed 'ran while paused'"),
     ("wait-acts-like-abort", WAIT, "expected it finished normally"),

@@ -1,0 +1,67 @@
+"""No verdict depends on the server being slow. A much smaller model (fixtures/model_builder.py
+FAST: Qwen2-style, hidden 256, 3 layers, GQA, tied embeddings) served with a 2,048-token
+context runs its engine well ahead of what vLLM's API server and the client deliver, so
+"the client saw a token" no longer means "the engine still runs the request". Against it:
+- everything that runs in attach mode passes (the checks judge by the engine's counters);
+- the abort breaks of the detection table are still caught.
+"""
+
+import pytest
+
+from fixtures import model_builder
+from fixtures.server import ServerDied
+from selftests.broken_server import ProxyThread
+from selftests.inner import assert_caught, assert_no_false_failure, finding, run_suite
+from selftests.test_sharpness import ABORT, ABORT_IDS
+
+RUN_ORDER = 3  # a server of its own, after every module that shares the default or DP server
+FAST_SERVER_ARGS = ["--max-model-len", "2048"]
+# What a user runs in attach mode (README): every tier that needs no launcher of its own.
+ATTACH_SELECTION = "not gpu and not selftest and not tier2 and not fleet and not dp"
+SELECTION_BOUND_S = 600  # ~3 min on 2 cores; requests here are as long as the context allows
+
+pytestmark = pytest.mark.selftest
+
+
+@pytest.fixture(scope="module")
+def fast_server(settings, server_pool):
+    if settings.attach:
+        pytest.skip("launches the fixture's fast model; attach mode serves another model")
+    server_pool.stop_all()  # one CPU server at a time
+    try:
+        srv = server_pool.launch(str(model_builder.ensure("v1", shape=model_builder.FAST)), FAST_SERVER_ARGS,
+                                 label="fast")
+    except ServerDied as exc:
+        pytest.fail(f"could not start the fast server: {exc}", pytrace=False)
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.mark.timeout(SELECTION_BOUND_S + 60)
+def test_everything_that_runs_in_attach_mode_passes_against_a_server_whose_engine_outruns_its_client(
+        fast_server, tmp_path, record_property):
+    run = run_suite(fast_server.url, fast_server.model, ["conformance"], tmp_path, "-m", ATTACH_SELECTION,
+                    "--timeout=300", bound=SELECTION_BOUND_S)
+    report = run.report()
+    void = [r["id"].rsplit("::", 1)[-1][:60] for r in report["rows"] if "void trial" in r["observed"]]
+    record_property("observed", f"exit {run.code} after {run.seconds:.0f} s; totals {report['totals']}; "
+                                f"rows with void trials: {', '.join(void) or 'none'}")
+    assert_no_false_failure(run, "a correct server with a fast small model")
+
+
+ABORT_BREAKS = [
+    ("abort-acts-like-keep", ABORT, "expected finish_reason 'abort'"),
+    ("abort-reported-as-stop", ABORT, "expected finish_reason 'abort'"),
+    ("abort-requests-ignores-ids", ABORT_IDS, "NOT named in /abort_requests was aborted"),
+]
+
+
+@pytest.mark.parametrize("breakage, target, message", ABORT_BREAKS, ids=[b for b, _, _ in ABORT_BREAKS])
+def test_the_abort_breaks_are_still_caught_against_a_server_whose_engine_outruns_its_client(
+        fast_server, breakage, target, message, tmp_path, record_property):
+    with ProxyThread(fast_server.url, breakage) as proxy:
+        run = run_suite(proxy.url, fast_server.model, [target], tmp_path)
+    record_property("observed", finding(run, breakage))
+    assert_caught(run, breakage, message)
