@@ -15,7 +15,7 @@ import pytest
 from fixtures import capabilities as capabilities_mod
 from fixtures import expectations as expectations_mod
 from fixtures import lifecycle
-from fixtures.client import Budget, ControlPlane, budget_of, finished_requests, wait_until
+from fixtures.client import Budget, ControlPlane, budget_of, engine_state, wait_until
 from fixtures.server import Server, ServerDied
 
 AREA = "Fleet: several servers at once"
@@ -120,7 +120,8 @@ def send_to_each_while_paused(members, streams, expected_on, mode):
 
 
 def finished_on(member) -> float | None:
-    return finished_requests(member.control, "length")
+    state = engine_state(member.control)
+    return None if state is None else state.finished.get("length", 0.0)
 
 
 def assert_finished_here(members, before, want=1):
