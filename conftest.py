@@ -21,6 +21,7 @@ from fixtures import capabilities as capabilities_mod
 from fixtures import expectations as expectations_mod
 from fixtures import report as report_mod
 from fixtures import server as server_mod
+from fixtures import surfaces as surfaces_mod
 from fixtures.client import Budget, ControlPlane, Rates, StreamingCompletion, budget_of, rates_of
 
 ROOT = Path(__file__).resolve().parent
@@ -45,6 +46,10 @@ OPTIONS = [
      "launch mode: where server logs go (default: server-logs/ in the report directory)"),
     ("--vllm-expectations", "VLLM_CONFORMANCE_EXPECTATIONS", str(expectations_mod.GOLDEN),
      "the version-keyed expectations file"),
+    ("--vllm-surfaces", "VLLM_CONFORMANCE_SURFACES", "",
+     "request surfaces this run certifies, comma-separated, of " + ",".join(surfaces_mod.SURFACES)
+     + " (only those run; --strict fails their skipped P0 rows). Default: every surface the server offers "
+     "runs, and only completions is claimed"),
     ("--vllm-strict", "VLLM_CONFORMANCE_STRICT", "",
      "certified run: any skipped P0 test is a failure (same as pytest's own --strict; values 1/true/yes)"),
 ]
@@ -68,6 +73,11 @@ class Settings:
     log_dir: Path
     expectations: Path
     strict: bool
+    surfaces: tuple[str, ...] | None  # None: every surface the server offers, only completions claimed
+
+    def claims(self, surface: str) -> bool:
+        """Whether this run certifies `surface` (a skipped P0 row on it fails a --strict run)."""
+        return surface in (self.surfaces or ("completions",))
 
     @property
     def attach(self) -> bool:
@@ -99,6 +109,7 @@ def pytest_configure(config):
         log_dir=Path(values["--vllm-log-dir"]) if values["--vllm-log-dir"] else report_dir / "server-logs",
         expectations=Path(values["--vllm-expectations"]),
         strict=bool(config.getoption("strict", False)) or values["--vllm-strict"].strip().lower() in TRUE,
+        surfaces=_surfaces(values["--vllm-surfaces"]),
     )
     config.stash[SUMMARY] = {"servers": [], "started": time.time()}
     if not hasattr(config, "workerinput"):  # xdist: the controller writes the reports
@@ -108,6 +119,15 @@ def pytest_configure(config):
     # A SIGTERM (CI cancelling the job) unwinds like Ctrl-C, so fixture teardown ends the servers.
     if hasattr(signal, "SIGTERM"):
         signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+
+
+def _surfaces(value: str) -> tuple[str, ...] | None:
+    names = tuple(v.strip() for v in value.split(",") if v.strip())
+    unknown = set(names) - set(surfaces_mod.SURFACES)
+    if unknown:
+        raise pytest.UsageError(f"--vllm-surfaces: unknown surface(s) {sorted(unknown)}; "
+                                f"known: {', '.join(surfaces_mod.SURFACES)}")
+    return names or None
 
 
 def _raise_keyboard_interrupt(signum, frame):
@@ -253,7 +273,9 @@ def _resumed_around_each_test(request):
     if reason:
         pytest.fail(reason, pytrace=False)
     marker = request.node.get_closest_marker("requires")
-    capabilities_mod.require(srv, ctl, ["pause_routes", *(marker.args if marker else ())])
+    surface = _surface_of(request.node)
+    capabilities_mod.require(srv, ctl, ["pause_routes", *(marker.args if marker else ()),
+                                        *([surface] if surface not in (None, "completions") else [])])
     ctl.resume_unpaused()
     request.node.stash[LOG_START] = (srv, srv.log_size())
     yield
@@ -264,17 +286,27 @@ def _resumed_around_each_test(request):
 STREAM_TEARDOWN_S = 15.0  # bound for held streams to end at teardown, once the server is resumed
 
 
+def _surface_of(item) -> str | None:
+    """The request surface a test runs on: its `surface` parameter, if it has one."""
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("surface") if callspec is not None else None
+
+
 @pytest.fixture
 def streams(request):
-    """Factory for streaming completions (to the module's server, or to `server=`). At the end
-    of the test every server with an unfinished stream is resumed so held requests can finish,
-    each stream gets a bounded wait, and every client is closed."""
+    """Factory for streaming requests (to the module's server, or to `server=`), on the test's
+    `surface` parameter if it has one, else on completions. At the end of the test every
+    server with an unfinished stream is resumed so held requests can finish, each stream gets
+    a bounded wait, and every client is closed."""
     made: list[StreamingCompletion] = []
+    default_surface = _surface_of(request.node) or "completions"
 
-    def start(prompt, max_tokens, read_timeout=120.0, name=None, server=None, request_id=None) -> StreamingCompletion:
+    def start(prompt, max_tokens, read_timeout=120.0, name=None, server=None, request_id=None,
+              surface=None, **sampling) -> StreamingCompletion:
         srv = server or request.getfixturevalue("vllm_server")
         s = StreamingCompletion(srv, srv.model, prompt, max_tokens, read_timeout=read_timeout,
-                                name=name or f"request-{len(made) + 1}", request_id=request_id)
+                                name=name or f"request-{len(made) + 1}", request_id=request_id,
+                                surface=surface or default_surface, **sampling)
         made.append(s)
         return s.start()
 
@@ -300,6 +332,12 @@ def pytest_collection_modifyitems(session, config, items):
     """Modules that need a server of their own (RUN_ORDER > 0) run after the ones sharing
     the default server, so that one starts once. The sort is stable: modules stay whole."""
     items.sort(key=lambda item: getattr(getattr(item, "module", None), "RUN_ORDER", 0))
+    chosen = config.stash[SETTINGS].surfaces
+    if chosen:  # --vllm-surfaces: rows on other surfaces are not part of this run
+        off = [item for item in items if _surface_of(item) not in (None, *chosen)]
+        if off:
+            config.hook.pytest_deselected(items=off)
+            items[:] = [item for item in items if item not in off]
     declared = {line.split(":", 1)[0].split("(", 1)[0].strip() for line in config.getini("markers")}
     info = config.stash.setdefault(ITEMS, {})
     for item in items:
@@ -320,8 +358,10 @@ def pytest_runtest_makereport(item, call):
         if srv.log_path is not None:
             rep.sections.append((f"server log during the test ({srv.log_path}, last {FAILURE_LOG_LINES} lines)",
                                  server_mod.tail(srv.log_path, FAILURE_LOG_LINES, start)))
-    if rep.skipped and item.config.stash[SETTINGS].strict and item.get_closest_marker("p0") \
-            and not hasattr(rep, "wasxfail"):
+    settings = item.config.stash[SETTINGS]
+    surface = _surface_of(item)
+    if rep.skipped and settings.strict and item.get_closest_marker("p0") and not hasattr(rep, "wasxfail") \
+            and (surface is None or settings.claims(surface)):
         rep.outcome = "failed"
         rep.longrepr = (f"--strict (certified run): P0 test skipped, which counts as a failure: "
                         f"{_skip_reason(rep.longrepr)}")

@@ -16,7 +16,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 import pytest
 
 from fixtures import lifecycle
-from fixtures.client import SHORT_PROMPT, complete, engine_request_id, engine_state, wait_until
+from fixtures.client import SHORT_PROMPT, complete, engine_state, wait_until
+from fixtures.surfaces import engine_request_id
 
 AREA = "Regression: abort delivery"
 # Bound: up to VOID_TRIALS trials of requests as long as the context allows.
@@ -42,7 +43,7 @@ def result_or_fail(future, seconds, who, control, request_id):
     except FutureTimeout:
         # End it by id, so the client's thread returns and this failure is reported now rather
         # than when the request's own timeout runs out.
-        r = control.call("POST", "/abort_requests", json={"request_ids": [engine_request_id(request_id)]})
+        r = control.call("POST", "/abort_requests", json={"request_ids": [engine_request_id("completions", request_id)]})
         pytest.fail(f"{who} was left waiting: no response {seconds:.1f} s after the abort "
                     f"(then ended by /abort_requests: {r.status_code})", pytrace=False)
 
@@ -79,7 +80,8 @@ def test_abort_requests_with_ids_ends_exactly_those_streaming_and_non_streaming_
             wait_for_engine(control, budget, "three requests running",
                             lambda state: state.running >= 3 or lifecycle.finished_normally(before, state))
             r = control.ok("POST", "/abort_requests", json={
-                "request_ids": [engine_request_id(ids["stream-aborted"]), engine_request_id(ids["plain-aborted"])]})
+                "request_ids": [engine_request_id("completions", ids["stream-aborted"]),
+                                engine_request_id("completions", ids["plain-aborted"])]})
             done_before = lifecycle.finished_normally(before, engine_state(control))
             c = result_or_fail(plain, budget.finish_s(tokens) if done_before else budget.settle_s,
                                "the non-streaming client", control, ids["plain-aborted"])

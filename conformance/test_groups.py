@@ -1,0 +1,158 @@
+"""P0 request lifecycle for groups of samples: one request with n > 1, as GRPO rolls out.
+
+Every sample of a group is its own sequence in the engine under one parent request, so
+each mode must reach every child: abort ends each one with finish_reason "abort" and its
+partial tokens and leaves nothing in the engine (vllm#51629: an aborted n > 1 request
+leaked its parent), wait lets each one finish, keep freezes each one and resume completes
+all of them. Streamed groups run the same checks as single requests (fixtures/lifecycle.py);
+a non-streamed group shows nothing until its answer, so "in flight" and "frozen" are read
+from the engine's counters. Groups are sampled (vLLM refuses n > 1 with greedy sampling),
+with a fixed seed.
+"""
+
+import functools
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+
+import pytest
+
+from fixtures import lifecycle
+from fixtures.client import SHORT_PROMPT, engine_state, request_once, wait_until
+from fixtures.surfaces import engine_request_id
+
+AREA = "P0 request lifecycle, groups (n > 1)"
+GROUP = dict(n=4, temperature=1.0, seed=1234)
+pytestmark = [pytest.mark.p0, pytest.mark.timeout(300)]
+
+
+@pytest.fixture
+def group_streams(streams):
+    """`streams` whose every request is a group of GROUP['n'] samples."""
+    return functools.partial(streams, **GROUP)
+
+
+def test_abort_ends_every_sample_of_a_streamed_group_with_finish_reason_abort_and_drains_the_engine(
+        control, group_streams, budget, expected, record_property):
+    record_property("observed", lifecycle.abort_row(control, group_streams, budget, expected))
+
+
+def test_wait_lets_every_sample_of_a_streamed_group_finish_before_pause_returns(
+        control, group_streams, budget, expected, record_property):
+    record_property("observed", lifecycle.wait_row(control, group_streams, budget, expected))
+
+
+def test_keep_freezes_every_sample_of_a_streamed_group_and_resume_completes_all_of_them(
+        control, group_streams, budget, expected, record_property):
+    record_property("observed", lifecycle.keep_row(control, group_streams, budget, expected))
+
+
+# -- non-streamed groups: the engine's counters say what runs ---------------------------
+
+def send_group(pool, vllm_server, budget, tokens):
+    """Sends a non-streamed group from the pool; returns (future answer, its X-Request-Id)."""
+    request_id = f"conformance-group-{uuid.uuid4().hex[:8]}"
+    return pool.submit(request_once, vllm_server, vllm_server.model, SHORT_PROMPT, tokens,
+                       budget.finish_s(tokens, concurrent=GROUP["n"]) + budget.hold_s, request_id=request_id,
+                       **GROUP), request_id
+
+
+def answer_within(answer, request_id, seconds, control, what):
+    """The group's answer, or a failure if none came within `seconds` (the group is then ended
+    by id, so its client returns now rather than at its own timeout)."""
+    try:
+        return answer.result(timeout=seconds)
+    except FutureTimeout:
+        ids = [engine_request_id("completions", request_id, i) for i in range(GROUP["n"])]
+        r = control.call("POST", "/abort_requests", json={"request_ids": ids})
+        pytest.fail(f"the client of a non-streamed group was left waiting: no answer {seconds:.1f} s after "
+                    f"{what} (then ended by /abort_requests: {r.status_code})", pytrace=False)
+
+
+def wait_generating(control, budget, before):
+    """Until the engine runs the whole group and has generated a few tokens."""
+    state = []
+
+    def seen():
+        state[:] = [engine_state(control)]
+        return state[0].running >= GROUP["n"] and (state[0] - before).generated >= 2 * GROUP["n"]
+
+    assert wait_until(seen, budget.finish_s(), interval=0.02), (
+        f"test precondition: the engine never ran the {GROUP['n']} samples of the group "
+        f"({state[0].describe()})")
+
+
+@pytest.mark.requires("metrics")
+def test_abort_ends_every_sample_of_a_non_streamed_group_with_finish_reason_abort_and_its_partial_tokens(
+        control, vllm_server, budget, record_property):
+    tokens = budget.abort_tokens
+    void = []
+    for _ in range(lifecycle.VOID_TRIALS):
+        before = engine_state(control)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            answer, request_id = send_group(pool, vllm_server, budget, tokens)
+            wait_generating(control, budget, before)
+            took = lifecycle.pause_ok(control, "abort")
+            done_before = lifecycle.finished_normally(before, engine_state(control))
+            group = answer_within(answer, request_id, budget.finish_s(tokens) if done_before else budget.settle_s,
+                                  control, "pause(abort) returned")
+        if not done_before:
+            break
+        void.append(f"pause(abort) answered after {took:.2f} s; the engine had finished {done_before:g} "
+                    f"samples normally ({group.describe()})")
+        control.resume_unpaused()
+    else:
+        lifecycle.fail_all_void("pause(abort)", void)
+    assert group.finish_reason == "abort" and all(0 < k < tokens for k in group.sample_tokens), (
+        f"a non-streamed group of {GROUP['n']} in flight at pause(abort) answered {group.describe()}; "
+        f"expected every sample to end with finish_reason 'abort' and its partial tokens (1..{tokens - 1})")
+    control.resume_unpaused()
+    drained = lifecycle.assert_engine_drains(control, budget)
+    record_property("observed", f"{group.describe()}; {drained}" + lifecycle.void_note(void))
+
+
+@pytest.mark.requires("metrics")
+def test_wait_returns_once_every_sample_of_a_non_streamed_group_has_finished(
+        control, vllm_server, budget, record_property):
+    tokens = budget.long_tokens
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        before = engine_state(control)
+        answer, request_id = send_group(pool, vllm_server, budget, tokens)
+        wait_generating(control, budget, before)
+        took = lifecycle.pause_ok(control, "wait", timeout=budget.finish_s(tokens, concurrent=GROUP["n"]))
+        state = engine_state(control)
+        group = answer_within(answer, request_id, budget.settle_s, control, "pause(wait) returned")
+    assert state.counts == (0, 0), (
+        f"pause(wait) returned after {took:.2f} s with the engine still running {state.running:g} and "
+        f"holding {state.waiting:g} requests of the group")
+    assert group.finish_reason == "length" and all(k == tokens for k in group.sample_tokens), (
+        f"a non-streamed group in flight at pause(wait) answered {group.describe()}; expected every sample "
+        f"finished normally with {tokens} tokens")
+    record_property("observed", f"pause(wait) returned after {took:.2f} s; {group.describe()}")
+
+
+@pytest.mark.requires("metrics")
+def test_keep_holds_a_non_streamed_group_without_progress_and_resume_completes_every_sample(
+        control, vllm_server, budget, record_property):
+    tokens = lifecycle.trial_tokens(budget, 1)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        before = engine_state(control)
+        answer, request_id = send_group(pool, vllm_server, budget, tokens)
+        wait_generating(control, budget, before)
+        lifecycle.pause_ok(control, "keep")
+        frozen = engine_state(control)
+        time.sleep(budget.hold_s)  # observation window: nothing may be generated or answered
+        later = engine_state(control)
+        assert not answer.done() and (later - frozen).generated == 0, (
+            "under keep the non-streamed group " + (f"was answered: {answer.result().describe()}" if answer.done()
+                                                      else f"kept generating: {(later - frozen).generated:g} tokens "
+                                                           f"in {budget.hold_s:.2f} s"))
+        held = later.running + later.waiting
+        control.resume_unpaused()
+        group = answer_within(answer, request_id, budget.finish_s(tokens, concurrent=GROUP["n"]), control, "resume")
+    assert group.finish_reason == "length" and all(k == tokens for k in group.sample_tokens), (
+        f"a non-streamed group held by keep answered {group.describe()} after resume; expected every sample "
+        f"completed with {tokens} tokens")
+    record_property("observed", f"held {held:g} sequences, none generating, for {budget.hold_s:.2f} s; after "
+                                f"resume: {group.describe()}")

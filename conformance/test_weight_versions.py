@@ -1,0 +1,57 @@
+"""Weight-version accounting: which weights produced which tokens of a request.
+
+An off-policy correction (importance ratios per token) needs, for a rollout that was kept
+across a weight update, the exact token index where the weights changed. vLLM reports it
+on the token-in/token-out surface as `weight_versions`, contiguous spans over the output
+tokens. A request kept across pause(keep) + POST /update_weight_version + resume must report
+spans that cover [0, n) without gap or overlap, change version exactly at the token where
+the stream froze, and name the version before and the committed one.
+"""
+
+import uuid
+
+import pytest
+
+from fixtures import lifecycle
+
+AREA = "Weight-version accounting"
+pytestmark = [pytest.mark.p0, pytest.mark.timeout(300), pytest.mark.parametrize("surface", ["generate"])]
+
+
+def span_problems(spans, n: int) -> list[str]:
+    """What is wrong with `spans` as a partition of the output tokens [0, n)."""
+    problems, at = [], 0
+    for span in spans:
+        if span["start"] != at:
+            problems.append(f"span {span} starts at {span['start']}, the previous one ended at {at}")
+        if span["end"] <= span["start"]:
+            problems.append(f"span {span} is empty or reversed")
+        at = span["end"]
+    if at != n:
+        problems.append(f"the spans end at {at}, the request has {n} tokens")
+    return problems
+
+
+def test_a_request_kept_across_a_committed_weight_version_reports_spans_that_change_exactly_at_the_freeze(
+        surface, control, streams, budget, record_property):
+    before = control.weight_version()
+    committed = f"conformance-{uuid.uuid4().hex[:8]}"
+    s, at_pause, trials = lifecycle.pause_keep_while_in_flight(control, streams, budget, name="kept-across-update")
+    frozen_at = s.wait_quiet(budget.hold_s, budget.settle_s + budget.hold_s)
+    control.ok("POST", "/update_weight_version", json={"new_version": committed})
+    assert control.weight_version() == committed, (
+        f"/weight_info reports {control.weight_version()!r} after /update_weight_version {committed!r}")
+    control.resume_unpaused()
+    lifecycle.assert_completed(s, budget, s.max_tokens)
+
+    spans = s.samples[0].weight_versions
+    assert spans, f"the request finished without weight_versions in its final chunk ({s.describe()})"
+    problems = span_problems(spans, s.n_tokens)
+    assert not problems, f"weight_versions {spans} do not partition the {s.n_tokens} output tokens: {problems}"
+    expected = [{"version": before, "start": 0, "end": frozen_at},
+                {"version": committed, "start": frozen_at, "end": s.n_tokens}]
+    assert [(x["version"], x["start"], x["end"]) for x in spans] == \
+        [(x["version"], x["start"], x["end"]) for x in expected], (
+        f"weight_versions {spans}; expected {expected}: version {before!r} up to the token where the stream "
+        f"froze under keep ({frozen_at}; pause returned at {at_pause}), then the committed {committed!r}")
+    record_property("observed", f"frozen at token {frozen_at}; weight_versions {spans}{trials}")
