@@ -75,9 +75,10 @@ class Settings:
     strict: bool
     surfaces: tuple[str, ...] | None  # None: every surface the server offers, only completions claimed
 
-    def claims(self, surface: str) -> bool:
-        """Whether this run certifies `surface` (a skipped P0 row on it fails a --strict run)."""
-        return surface in (self.surfaces or ("completions",))
+    @property
+    def claimed(self) -> tuple[str, ...]:
+        """The surfaces this run certifies (a skipped P0 row on one fails a --strict run)."""
+        return self.surfaces or ("completions",)
 
     @property
     def attach(self) -> bool:
@@ -153,6 +154,7 @@ class ServerPool:
         self.summary = summary
         self.servers: dict[tuple, server_mod.Server] = {}
         self.failures: dict[tuple, str] = {}
+        self.kept: dict[str, server_mod.Server] = {}  # servers kept to the end of the session
         self.launched = 0
 
     def get(self, module_args: list[str]) -> server_mod.Server:
@@ -206,6 +208,28 @@ class ServerPool:
             srv.stop()
         self.servers.clear()
 
+    def fast(self) -> server_mod.Server:
+        """The fixture's fast model (model_builder.FAST) with a 2,048-token context, started
+        once and kept, idle in between, for the modules that use it (the fleet's second
+        server, the fast-server self-test) until the session ends."""
+        from fixtures import model_builder
+
+        if ("fast",) in self.failures:
+            pytest.fail(self.failures[("fast",)], pytrace=False)
+        if "fast" not in self.kept:
+            try:
+                self.kept["fast"] = self.launch(str(model_builder.ensure("v1", shape=model_builder.FAST)),
+                                                ["--max-model-len", "2048"], label="fast")
+            except server_mod.ServerDied as exc:
+                self.failures[("fast",)] = f"could not start the fast server: {exc}"
+                pytest.fail(self.failures[("fast",)], pytrace=False)
+        return self.kept["fast"]
+
+    def stop_kept(self) -> None:
+        for srv in self.kept.values():
+            srv.stop()
+        self.kept.clear()
+
 
 @pytest.fixture(scope="session")
 def server_pool(pytestconfig, settings):
@@ -214,12 +238,31 @@ def server_pool(pytestconfig, settings):
         yield pool
     finally:
         pool.stop_all()
+        pool.stop_kept()
 
 
 @pytest.fixture(scope="module")
 def vllm_server(request, server_pool) -> server_mod.Server:
     """The server under test for this module. A module may set VLLM_SERVER_ARGS (a list)."""
     return server_pool.get(getattr(request.module, "VLLM_SERVER_ARGS", []))
+
+
+@pytest.fixture(scope="session")
+def cpu_swap_runs(settings, server_pool, tmp_path_factory):
+    """The tier-2 experiment on CPU (fixtures/weight_swap.py), run once: runs True and False
+    (clear_cache) swap V1 -> V2, run NOOP swaps in weights that change nothing. Used by
+    conformance/test_weight_swap.py and the harness self-test."""
+    if settings.attach:
+        pytest.skip("tier 2 launches its own engines (V1, then a fresh V2) and swaps weights between them; "
+                    "attach mode has no launcher")
+    from fixtures import model_builder
+    from fixtures.trainer import ray_session
+    from fixtures.weight_swap import cpu_swap_experiment
+
+    server_pool.stop_all()  # two CPU engines at once would only slow each other down
+    v1, v2 = model_builder.ensure("v1"), model_builder.ensure("v2")
+    with ray_session():
+        return cpu_swap_experiment(server_pool.launch, str(v1), str(v2), tmp_path_factory.mktemp("tier2"))
 
 
 @pytest.fixture(scope="module")
@@ -312,11 +355,12 @@ def streams(request):
 
     yield start
     for srv in {id(s.server): s.server for s in made if not s.done.is_set()}.values():
-        if srv.dead_reason() is None:
-            try:
-                requests.post(srv.url + "/resume", timeout=5)
-            except requests.RequestException:
-                pass
+        if srv.dead_reason() is None:  # end what is still running (abort), then leave the server resumed
+            for path, params in (("/pause", {"mode": "abort"}), ("/resume", {})):
+                try:
+                    requests.post(srv.url + path, params=params, timeout=5)
+                except requests.RequestException:
+                    pass
     deadline = time.monotonic() + STREAM_TEARDOWN_S
     for s in made:
         s.done.wait(max(0.0, deadline - time.monotonic()))
@@ -344,6 +388,7 @@ def pytest_collection_modifyitems(session, config, items):
         module = getattr(item, "module", None)
         info[item.nodeid] = {
             "area": getattr(module, "AREA", None) or item.nodeid.split("::", 1)[0],
+            "surface": _surface_of(item),
             "markers": sorted({m.name for m in item.iter_markers()} & declared - {"requires"}),
         }
 
@@ -361,7 +406,7 @@ def pytest_runtest_makereport(item, call):
     settings = item.config.stash[SETTINGS]
     surface = _surface_of(item)
     if rep.skipped and settings.strict and item.get_closest_marker("p0") and not hasattr(rep, "wasxfail") \
-            and (surface is None or settings.claims(surface)):
+            and (surface is None or surface in settings.claimed):
         rep.outcome = "failed"
         rep.longrepr = (f"--strict (certified run): P0 test skipped, which counts as a failure: "
                         f"{_skip_reason(rep.longrepr)}")
@@ -393,15 +438,17 @@ class RunReport:
             row["reason"] = (row["reason"] + "; " if row["reason"] else "") + "teardown: " + _short_reason(report)
             return
         info = self.config.stash.get(ITEMS, {}).get(report.nodeid, {})
-        self._row(report, report.outcome, _short_reason(report), info.get("area"), info.get("markers", []))
+        self._row(report, report.outcome, _short_reason(report), info.get("area"), info.get("markers", []),
+                  info.get("surface"))
 
     def pytest_collectreport(self, report):
         if report.failed:  # a module that cannot even be collected is a failed row, not a silent gap
             self._row(report, "failed", "collection failed: " + _short_reason(report))
 
-    def _row(self, report, outcome, reason, area=None, markers=()):
+    def _row(self, report, outcome, reason, area=None, markers=(), surface=None):
         self.rows[report.nodeid] = {
             "id": report.nodeid, "area": area or report.nodeid.split("::")[0], "markers": list(markers),
+            "surface": surface,
             "outcome": outcome, "duration": getattr(report, "duration", 0.0), "reason": reason,
             "observed": "; ".join(str(v) for k, v in getattr(report, "user_properties", []) if k == "observed"),
             "checks": [v for k, v in getattr(report, "user_properties", []) if k == "expectation"],
@@ -415,7 +462,7 @@ class RunReport:
                 rows=list(self.rows.values()), servers=summary["servers"], notes=self.config.stash.get(NOTES, []),
                 exit_status=int(exitstatus), started=summary["started"], strict=settings.strict,
                 attach=settings.attach, args=list(self.config.invocation_params.args),
-                expectations_file=str(settings.expectations))
+                expectations_file=str(settings.expectations), claimed=settings.claimed)
             self.written = {"report": rep, "paths": report_mod.write(rep, settings.report_dir)}
         except Exception as exc:  # the report must never hide the test results
             self.written = {"error": f"{type(exc).__name__}: {exc}"}

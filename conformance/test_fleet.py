@@ -3,7 +3,8 @@
 RL frameworks that fan out (SkyRL, prime-rl, AReaL) pause every server before a swap and
 resume every one after. Each server must hold, on its own, the work sent to it while it is
 paused, and release it only when it is itself resumed; nothing may end up on, or wait for,
-another server. Launch mode starts a second CPU server beside the shared one; attach mode
+another server. Launch mode adds the fixture's fast model, served on its own, beside the
+shared server (conftest.py ServerPool.fast, kept for the fast-server self-test); attach mode
 uses every URL of --vllm-url URL1,URL2,... (the servers must be dedicated to the run).
 """
 
@@ -16,10 +17,10 @@ from fixtures import capabilities as capabilities_mod
 from fixtures import expectations as expectations_mod
 from fixtures import lifecycle
 from fixtures.client import Budget, ControlPlane, budget_of, engine_state, wait_until
-from fixtures.server import Server, ServerDied
+from fixtures.server import Server
 
 AREA = "Fleet: several servers at once"
-RUN_ORDER = 1  # after the modules sharing the default server; starts a second server beside it
+RUN_ORDER = 1  # after the modules sharing the default server; adds a second server beside it
 MODES = ["abort", "wait", "keep"]
 
 pytestmark = pytest.mark.fleet
@@ -36,30 +37,20 @@ class Member:
 @pytest.fixture(scope="module")
 def fleet(settings, server_pool):
     """Two or more servers, each probed for the pause routes and measured for its own bounds."""
-    own: list[Server] = []
     if settings.attach:
         if len(settings.urls) < 2:
             pytest.skip("capability missing: fleet: the fleet tests need two or more servers "
                         "(--vllm-url URL1,URL2 / VLLM_CONFORMANCE_URL)")
         servers = [server_pool.get([])] + [server_pool.attach(u) for u in settings.urls[1:]]
-    else:
-        first = server_pool.get([])
-        try:
-            own.append(server_pool.launch(first.model, [], label="fleet-2"))
-        except ServerDied as exc:
-            pytest.fail(f"could not start the fleet's second server: {exc}", pytrace=False)
-        servers = [first, *own]
-    try:
-        members = []
-        for i, srv in enumerate(servers):
-            control = ControlPlane(srv)
-            capabilities_mod.require(srv, control, ["pause_routes"])
-            control.resume_unpaused()
-            members.append(Member(f"server-{i + 1} {srv.url}", srv, control, budget_of(srv, control)))
-        yield members
-    finally:
-        for srv in own:
-            srv.stop()
+    else:  # the second server serves another model: a fleet need not be uniform
+        servers = [server_pool.get([]), server_pool.fast()]
+    members = []
+    for i, srv in enumerate(servers):
+        control = ControlPlane(srv)
+        capabilities_mod.require(srv, control, ["pause_routes"])
+        control.resume_unpaused()
+        members.append(Member(f"server-{i + 1} {srv.url}", srv, control, budget_of(srv, control)))
+    return members
 
 
 @pytest.fixture(autouse=True)

@@ -5,16 +5,14 @@ On CPU (this module, marker tier2) the trainer is a Ray actor that writes its we
 paused engine reloads them (`/collective_rpc reload_weights`); `--max-num-seqs 1` and float32
 stand in for batch invariance, which the CPU build lacks. The GPU form over vLLM's NCCL
 weight transfer is in test_weight_swap_gpu.py. The experiment runs once per module (one V1
-engine for both clear_cache runs, one fresh V2 engine for validation); the tests below
-each judge one part of its record.
+engine for both clear_cache runs, one fresh V2 engine for validation; conftest.py
+`cpu_swap_runs`); the tests below each judge one part of its record.
 """
 
 import pytest
 
 from fixtures import expectations as expectations_mod
-from fixtures import model_builder
-from fixtures.trainer import ray_session
-from fixtures.weight_swap import assert_every_post_swap_token_matches, classify, cpu_swap_experiment, report
+from fixtures.weight_swap import NOOP, assert_every_post_swap_token_matches, classify, report
 
 AREA = "Tier 2 weight swap while generating"
 RUN_ORDER = 3  # last: it stops the shared server and launches its own engines
@@ -22,18 +20,11 @@ pytestmark = pytest.mark.tier2
 
 
 @pytest.fixture(scope="module")
-def swap_runs(settings, server_pool, tmp_path_factory, note):
-    if settings.attach:
-        pytest.skip("tier 2 launches its own engines (V1, then a fresh V2) and swaps weights between them; "
-                    "attach mode has no launcher")
-    server_pool.stop_all()  # two CPU engines at once would only slow each other down
-    v1, v2 = model_builder.ensure("v1"), model_builder.ensure("v2")
-    with ray_session():
-        runs = cpu_swap_experiment(server_pool.launch, str(v1), str(v2), str(v2),
-                                   tmp_path_factory.mktemp("tier2"))
-    for run in runs.values():
-        note(report(run.verdicts, run.title))
-    return runs
+def swap_runs(cpu_swap_runs, note):
+    for key, run in cpu_swap_runs.items():
+        if key != NOOP:
+            note(report(run.verdicts, run.title))
+    return cpu_swap_runs
 
 
 @pytest.fixture
@@ -69,7 +60,8 @@ def test_which_post_swap_tokens_come_from_the_new_weights_follows_the_version_ex
 
 
 def test_weight_info_reports_the_version_committed_during_the_swap(swap_runs, record_property):
-    seen = [(r.weight_version_before, r.weight_version_after, r.expected_version) for r in swap_runs.values()]
+    seen = [(r.weight_version_before, r.weight_version_after, r.expected_version)
+            for key, r in swap_runs.items() if key != NOOP]
     record_property("observed", "; ".join(f"/weight_info {b!r} before the swap, {a!r} after (committed {e!r})"
                                           for b, a, e in seen))
     for before, after, committed in seen:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import threading
+from typing import Callable
 
 import aiohttp
 from aiohttp import web
@@ -42,6 +44,12 @@ BREAKS = {
     "pause-is-slow": "every /pause answers 3 s late",
     "weight-update-out-of-order-accepted": "/start_weight_update, /update_weights, /finish_weight_update answer 200 "
                                            "without reaching the engine",
+    # The other request surfaces (fixtures/surfaces.py).
+    "chat-abort-unmarked": "chat streams lose finish_reason 'abort' (null instead)",
+    "group-sample-not-aborted": "in a completion group, sample 1 reports finish_reason 'length' where the server "
+                                "said 'abort'",
+    "spans-collapsed": "generate reports one weight-version span (the last version) over the whole output",
+    "resumed-logprobs-altered": "streams that were open when /resume passed get every later logprob lowered by 0.25",
 }
 HANG_S = 600  # "never returns": far beyond any bound of the suite
 OVERLAP_S = 0.3  # racing calls are held this long, so a second one surely arrives during the first
@@ -49,11 +57,11 @@ SLOW_PAUSE_S = 3.0
 # On exit, handlers still held (a "hang" break) get this long, then are cancelled.
 SHUTDOWN_S = 2.0
 WEIGHT_PATHS = {"/start_weight_update", "/update_weights", "/finish_weight_update"}
-COMPLETION_PATHS = {"/v1/completions", "/v1/chat/completions"}
+COMPLETION_PATHS = {"/v1/completions", "/v1/chat/completions", "/inference/v1/generate"}
 DEV_PATHS = {"/pause", "/resume", "/is_paused", "/server_info"}
 VALID_MODES = {"abort", "wait", "keep"}
 HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
-# abort-reported-as-stop rewrites this in completion bodies (each SSE event arrives whole).
+# abort-reported-as-stop rewrites this in completion bodies.
 ABORT_REASON = (b'"finish_reason":"abort"', b'"finish_reason":"stop"')
 
 
@@ -70,6 +78,7 @@ class BrokenProxy:
         self.paused = False  # the upstream's state as seen through us (for refuse-while-paused-503)
         self.late_request = False  # a completion arrived while paused (late-request-blocks-drain)
         self.in_flight = {"/pause": 0, "/resume": 0}  # calls being answered (the *-hangs breaks)
+        self.open_streams: list[dict] = []  # requests being answered (resumed-logprobs-altered)
         self.session: aiohttp.ClientSession | None = None
 
     def app(self) -> web.Application:
@@ -160,11 +169,75 @@ class BrokenProxy:
             self.paused = True
         elif path == "/resume":
             self.paused = False
-        rewrite = ABORT_REASON if path in COMPLETION_PATHS and "abort-reported-as-stop" in b else None
-        return await self._forward(request, path, query, rewrite=rewrite)
+        if path == "/resume":
+            for stream in self.open_streams:
+                stream["resumed"] = True
+        if path not in COMPLETION_PATHS:
+            return await self._forward(request, path, query)
+        stream = {"path": path, "resumed": False}
+        self.open_streams.append(stream)
+        try:
+            return await self._forward(request, path, query, rewrite=lambda chunk: self._rewrite(stream, chunk))
+        finally:
+            self.open_streams.remove(stream)
 
-    async def _forward(self, request: web.Request, path: str, query: dict,
-                       body: bytes | None = None, rewrite: tuple[bytes, bytes] | None = None) -> web.StreamResponse:
+    def _rewrite(self, stream: dict, chunk: bytes) -> bytes:
+        """What the surface breaks do to a response chunk (each SSE event arrives whole)."""
+        b = self.breaks
+        if "abort-reported-as-stop" in b:
+            chunk = chunk.replace(*ABORT_REASON)
+        edits = [fn for name, fn in self._edits(stream).items() if name in b]
+        if not edits:
+            return chunk
+        lines = []
+        for line in chunk.split(b"\n"):
+            prefix = b"data: " if line.startswith(b"data: {") else b"" if line.startswith(b"{") else None
+            if prefix is not None:
+                try:
+                    body = json.loads(line[len(prefix):])
+                except ValueError:
+                    body = None
+                if isinstance(body, dict):
+                    for edit in edits:
+                        edit(body)
+                    line = prefix + json.dumps(body).encode()
+            lines.append(line)
+        return b"\n".join(lines)
+
+    def _edits(self, stream: dict) -> dict:
+        path = stream["path"]
+
+        def unmark_chat_abort(body):
+            for c in body.get("choices") or []:
+                if path == "/v1/chat/completions" and c.get("finish_reason") == "abort":
+                    c["finish_reason"] = None
+
+        def spare_sample_1(body):
+            for c in body.get("choices") or []:
+                if path == "/v1/completions" and c.get("index") == 1 and c.get("finish_reason") == "abort":
+                    c["finish_reason"] = "length"
+
+        def collapse_spans(body):
+            for c in body.get("choices") or []:
+                spans = c.get("weight_versions")
+                if spans and len(spans) > 1:
+                    c["weight_versions"] = [{"version": spans[-1]["version"], "start": 0, "end": spans[-1]["end"]}]
+
+        def alter_resumed_logprobs(body):
+            if not stream["resumed"]:
+                return
+            for c in body.get("choices") or []:
+                lp = c.get("logprobs") or {}
+                if lp.get("token_logprobs"):
+                    lp["token_logprobs"] = [x - 0.25 for x in lp["token_logprobs"]]
+                for entry in lp.get("content") or []:
+                    entry["logprob"] -= 0.25
+
+        return {"chat-abort-unmarked": unmark_chat_abort, "group-sample-not-aborted": spare_sample_1,
+                "spans-collapsed": collapse_spans, "resumed-logprobs-altered": alter_resumed_logprobs}
+
+    async def _forward(self, request: web.Request, path: str, query: dict, body: bytes | None = None,
+                       rewrite: Callable[[bytes], bytes] | None = None) -> web.StreamResponse:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         body = await request.read() if body is None else body
         async with self.session.request(request.method, self.upstream + path, params=query,
@@ -173,7 +246,7 @@ class BrokenProxy:
                 k: v for k, v in up.headers.items() if k.lower() not in HOP_HEADERS | {"content-encoding"}})
             await out.prepare(request)
             async for chunk in up.content.iter_any():  # stream SSE through as it comes
-                await out.write(chunk.replace(*rewrite) if rewrite else chunk)
+                await out.write(rewrite(chunk) if rewrite else chunk)
             await out.write_eof()
             return out
 

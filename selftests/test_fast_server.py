@@ -8,14 +8,11 @@ context runs its engine well ahead of what vLLM's API server and the client deli
 
 import pytest
 
-from fixtures import model_builder
-from fixtures.server import ServerDied
 from selftests.broken_server import ProxyThread
 from selftests.inner import assert_caught, assert_no_false_failure, finding, run_suite
 from selftests.test_sharpness import ABORT, ABORT_IDS
 
-RUN_ORDER = 3  # a server of its own, after every module that shares the default or DP server
-FAST_SERVER_ARGS = ["--max-model-len", "2048"]
+RUN_ORDER = 3  # after every module that shares the default or DP server (the fleet started the fast server)
 # What a user runs in attach mode (README): every tier that needs no launcher of its own.
 ATTACH_SELECTION = "not gpu and not selftest and not tier2 and not fleet and not dp"
 SELECTION_BOUND_S = 600  # ~3 min on 2 cores; requests here are as long as the context allows
@@ -27,16 +24,8 @@ pytestmark = pytest.mark.selftest
 def fast_server(settings, server_pool):
     if settings.attach:
         pytest.skip("launches the fixture's fast model; attach mode serves another model")
-    server_pool.stop_all()  # one CPU server at a time
-    try:
-        srv = server_pool.launch(str(model_builder.ensure("v1", shape=model_builder.FAST)), FAST_SERVER_ARGS,
-                                 label="fast")
-    except ServerDied as exc:
-        pytest.fail(f"could not start the fast server: {exc}", pytrace=False)
-    try:
-        yield srv
-    finally:
-        srv.stop()
+    server_pool.stop_all()  # the shared servers: one busy CPU server at a time
+    return server_pool.fast()
 
 
 @pytest.mark.timeout(SELECTION_BOUND_S + 60)

@@ -39,6 +39,13 @@ LATENCY = "conformance/test_pause_latency.py::test_pause_keep_returns_within_the
 WEIGHT_CALLS = ("conformance/test_regression_weight_update.py::test_weight_sync_calls_out_of_order_or_while_"
                 "sleeping_are_refused_and_the_server_stays_healthy")
 
+GROUP_ABORT = ("conformance/test_groups.py::test_abort_ends_every_sample_of_a_streamed_group_with_finish_reason_"
+               "abort_and_drains_the_engine")
+CONTINUITY = LIFECYCLE + ("test_keep_then_resume_delivers_exactly_the_tokens_and_logprobs_of_an_uninterrupted_greedy_"
+                          "run[clear_cache-false-completions]")
+SPANS = ("conformance/test_weight_versions.py::test_a_request_kept_across_a_committed_weight_version_reports_spans_"
+         "that_change_exactly_at_the_freeze[generate]")
+
 # (break, the conformance test that must catch it, text its failure message must contain)
 CASES = [
     ("abort-acts-like-keep", ABORT, "expected finish_reason 'abort'"),
@@ -58,6 +65,10 @@ CASES = [
     ("abort-requests-ignores-ids", ABORT_IDS, "NOT named in /abort_requests was aborted"),
     ("pause-is-slow", LATENCY, "pause(keep) exceeded"),
     ("weight-update-out-of-order-accepted", WEIGHT_CALLS, "a call out of order was accepted"),
+    ("chat-abort-unmarked", ABORT.replace("[completions]", "[chat]"), "expected finish_reason 'abort'"),
+    ("group-sample-not-aborted", GROUP_ABORT, "expected finish_reason 'abort'"),
+    ("spans-collapsed", SPANS, "weight_versions"),
+    ("resumed-logprobs-altered", CONTINUITY, "differs from the uninterrupted run in its logprobs"),
 ]
 
 

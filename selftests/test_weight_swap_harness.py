@@ -4,12 +4,10 @@ changes nothing must make tier 2 fail with a per-request mismatch report."""
 
 import pytest
 
-from fixtures import model_builder
-from fixtures.trainer import ray_session
-from fixtures.weight_swap import (SwapRecord, Verdict, assert_every_post_swap_token_matches, classify, compare,
-                                  cpu_swap_experiment, pass_rate, report)
+from fixtures.weight_swap import (NOOP, SwapRecord, Verdict, assert_every_post_swap_token_matches, classify,
+                                  compare, pass_rate, report)
 
-RUN_ORDER = 3  # its last test stops the shared server and launches engines of its own
+RUN_ORDER = 3  # its last test uses the tier-2 experiment (conftest.py cpu_swap_runs), which runs last
 pytestmark = pytest.mark.selftest
 
 
@@ -45,23 +43,16 @@ def test_compare_skips_requests_that_finished_before_the_swap_and_the_report_nam
     assert "p          paused   swap at token    2" in text and "first mismatch at token 3 (got [4], fresh V2 [9])" in text
 
 
-@pytest.mark.timeout(300)  # two engine starts
-def test_a_swap_that_changes_nothing_fails_tier2_with_a_per_request_mismatch_report(
-        settings, server_pool, tmp_path_factory, record_property):
-    """The trainer holds V1, the engine's own weights: the swap reloads and answers 200 but
-    no weight changes. The tier-2 check must fail and say, per request, where it diverged."""
-    if settings.attach:
-        pytest.skip("launches its own engines; attach mode has no launcher")
-    server_pool.stop_all()
-    v1, v2 = model_builder.ensure("v1"), model_builder.ensure("v2")
-    with ray_session():
-        runs = cpu_swap_experiment(server_pool.launch, str(v1), str(v2), str(v1),
-                                   tmp_path_factory.mktemp("noop-swap"), clear_cache_values=(True,))
+def test_a_swap_that_changes_nothing_fails_tier2_with_a_per_request_mismatch_report(cpu_swap_runs, record_property):
+    """The tier-2 experiment's NOOP run: its trainer holds V1, the engine's own weights; the
+    swap reloads and answers 200 but no weight changes. The tier-2 check must fail and say,
+    per request, where it diverged."""
+    run = cpu_swap_runs[NOOP]
     with pytest.raises(AssertionError) as caught:
-        assert_every_post_swap_token_matches(runs[True])
+        assert_every_post_swap_token_matches(run)
     message = str(caught.value)
     record_property("observed", message.replace("\n", " | ")[:600])
     assert "post-swap tokens differ from a fresh V2 engine" in message and "pass rate 0%" in message, message
-    for v in runs[True].verdicts:
+    for v in run.verdicts:
         assert f"{v.record.prompt_id:<10} {v.record.kind:<8} swap at token" in message
         assert f"first mismatch at token {v.record.swap_index}" in message, message
