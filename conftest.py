@@ -157,20 +157,22 @@ class ServerPool:
         self.kept: dict[str, server_mod.Server] = {}  # servers kept to the end of the session
         self.launched = 0
 
-    def get(self, module_args: list[str]) -> server_mod.Server:
+    def get(self, module_args: list[str], launch_cmd: str | None = None) -> server_mod.Server:
+        """`launch_cmd`: the module's own command template, used unless the run has one of its own."""
         s = self.settings
+        template = launch_cmd if launch_cmd and s.launch_cmd == server_mod.DEFAULT_LAUNCH_CMD else s.launch_cmd
         if s.attach:
             key = ("attach", s.url)
         else:
-            key = tuple(server_mod.REQUIRED_ARGS + s.server_args + list(module_args))
+            key = (template, *server_mod.REQUIRED_ARGS, *s.server_args, *module_args)
         if key in self.failures:  # do not pay a second failed start: fail at once
             pytest.fail(self.failures[key], pytrace=False)
         if key not in self.servers:
             self.stop_all()  # one shared CPU server at a time: they would only slow each other down
-            self.servers[key] = self._start(key, module_args)
+            self.servers[key] = self._start(key, module_args, template)
         return self.servers[key]
 
-    def _start(self, key: tuple, module_args: list[str]) -> server_mod.Server:
+    def _start(self, key: tuple, module_args: list[str], template: str) -> server_mod.Server:
         s = self.settings
         if s.attach:
             return self.attach(s.url)
@@ -179,7 +181,7 @@ class ServerPool:
             from fixtures import model_builder
             model = str(model_builder.ensure("v1"))
         try:
-            return self.launch(model, module_args, label=" ".join(["shared", *module_args]))
+            return self.launch(model, module_args, label=" ".join(["shared", *module_args]), template=template)
         except server_mod.ServerDied as exc:
             self.failures[key] = f"server start failed: {exc}"
             pytest.fail(self.failures[key], pytrace=False)
@@ -190,14 +192,15 @@ class ServerPool:
         return srv
 
     def launch(self, model: str, module_args: list[str], label: str = "server",
-               env: dict[str, str] | None = None) -> server_mod.Server:
+               env: dict[str, str] | None = None, template: str | None = None) -> server_mod.Server:
         """Starts a server with this run's settings plus `module_args`; the caller owns it
         (shared servers are owned by the pool). Raises ServerDied."""
         s = self.settings
         self.launched += 1
         log = s.log_dir / f"{label}-{self.launched}-{time.strftime('%Y%m%d-%H%M%S')}.log"
         args = server_mod.REQUIRED_ARGS + s.server_args + list(module_args)
-        srv = server_mod.launch(model, args, log, template=s.launch_cmd, start_timeout=s.start_timeout, env=env)
+        srv = server_mod.launch(model, args, log, template=template or s.launch_cmd, start_timeout=s.start_timeout,
+                                env=env)
         srv.label = label
         self.summary["servers"].append(srv)
         return srv
@@ -243,8 +246,10 @@ def server_pool(pytestconfig, settings):
 
 @pytest.fixture(scope="module")
 def vllm_server(request, server_pool) -> server_mod.Server:
-    """The server under test for this module. A module may set VLLM_SERVER_ARGS (a list)."""
-    return server_pool.get(getattr(request.module, "VLLM_SERVER_ARGS", []))
+    """The server under test for this module. A module may set VLLM_SERVER_ARGS (a list) and
+    VLLM_LAUNCH_CMD (a command template, used unless the run sets --vllm-launch-cmd)."""
+    return server_pool.get(getattr(request.module, "VLLM_SERVER_ARGS", []),
+                           getattr(request.module, "VLLM_LAUNCH_CMD", None))
 
 
 @pytest.fixture(scope="session")

@@ -64,8 +64,7 @@ def answer_within(answer, request_id, seconds, control, what):
     try:
         return answer.result(timeout=seconds)
     except FutureTimeout:
-        ids = [engine_request_id("completions", request_id, i) for i in range(GROUP["n"])]
-        r = control.call("POST", "/abort_requests", json={"request_ids": ids})
+        r = control.call("POST", "/abort_requests", json={"request_ids": [engine_request_id("completions", request_id)]})
         pytest.fail(f"the client of a non-streamed group was left waiting: no answer {seconds:.1f} s after "
                     f"{what} (then ended by /abort_requests: {r.status_code})", pytrace=False)
 
@@ -87,8 +86,8 @@ def wait_generating(control, budget, before):
 def test_abort_ends_every_sample_of_a_non_streamed_group_with_finish_reason_abort_and_its_partial_tokens(
         control, vllm_server, budget, record_property):
     tokens = budget.abort_tokens
-    void = []
-    for _ in range(lifecycle.VOID_TRIALS):
+
+    def trial():
         before = engine_state(control)
         with ThreadPoolExecutor(max_workers=1) as pool:
             answer, request_id = send_group(pool, vllm_server, budget, tokens)
@@ -98,12 +97,12 @@ def test_abort_ends_every_sample_of_a_non_streamed_group_with_finish_reason_abor
             group = answer_within(answer, request_id, budget.finish_s(tokens) if done_before else budget.settle_s,
                                   control, "pause(abort) returned")
         if not done_before:
-            break
-        void.append(f"pause(abort) answered after {took:.2f} s; the engine had finished {done_before:g} "
-                    f"samples normally ({group.describe()})")
+            return group, None
         control.resume_unpaused()
-    else:
-        lifecycle.fail_all_void("pause(abort)", void)
+        return group, (f"pause(abort) answered after {took:.2f} s; the engine had finished {done_before:g} "
+                       f"samples normally ({group.describe()})")
+
+    group, void = lifecycle.until_not_void(trial, "pause(abort)")
     assert group.finish_reason == "abort" and all(0 < k < tokens for k in group.sample_tokens), (
         f"a non-streamed group of {GROUP['n']} in flight at pause(abort) answered {group.describe()}; "
         f"expected every sample to end with finish_reason 'abort' and its partial tokens (1..{tokens - 1})")

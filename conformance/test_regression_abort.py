@@ -1,6 +1,6 @@
 """Regression (SPEC §6): an abort must deliver finish_reason "abort" and the partial tokens
-to every kind of client, streaming or not, and never leave one waiting; /abort_requests with
-ids aborts exactly those requests.
+to every kind of client, streaming or not, on every request surface, and never leave one
+waiting; /abort_requests with ids (X-Request-Id) aborts exactly those requests.
 
 A non-streaming client shows nothing until its response arrives, so "in flight" is read from
 the engine's own counters (/metrics): running requests, and tokens generated so far. Whether
@@ -16,8 +16,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 import pytest
 
 from fixtures import lifecycle
-from fixtures.client import SHORT_PROMPT, complete, engine_state, wait_until
-from fixtures.surfaces import engine_request_id
+from fixtures.client import SHORT_PROMPT, engine_state, request_once, wait_until
+from fixtures.surfaces import HTTP_SURFACES, engine_request_id
 
 AREA = "Regression: abort delivery"
 # Bound: up to VOID_TRIALS trials of requests as long as the context allows.
@@ -37,33 +37,29 @@ def wait_for_engine(control, budget, what, ok):
                     f"({last[0].describe()})", pytrace=False)
 
 
-def result_or_fail(future, seconds, who, control, request_id):
+def result_or_fail(future, seconds, who, control, surface, request_id):
     try:
         return future.result(timeout=seconds)
     except FutureTimeout:
         # End it by id, so the client's thread returns and this failure is reported now rather
         # than when the request's own timeout runs out.
-        r = control.call("POST", "/abort_requests", json={"request_ids": [engine_request_id("completions", request_id)]})
+        r = control.call("POST", "/abort_requests", json={"request_ids": [engine_request_id(surface, request_id)]})
         pytest.fail(f"{who} was left waiting: no response {seconds:.1f} s after the abort "
                     f"(then ended by /abort_requests: {r.status_code})", pytrace=False)
 
 
-def completed_fully(c, tokens) -> bool:
-    return c.finish_reason in lifecycle.NORMAL_FINISH and c.completion_tokens == tokens
-
-
 def assert_partial_abort(c, tokens, who):
+    used = (c.usage or {}).get("completion_tokens")
     assert c.finish_reason == "abort", (
-        f"{who} ended with finish_reason {c.finish_reason!r} after {c.completion_tokens} of {tokens} tokens; "
-        f"expected 'abort'")
-    assert 0 < c.completion_tokens < tokens, (
-        f"{who} reports {c.completion_tokens} completion tokens; expected its partial output (1..{tokens - 1})")
-    assert len(c.token_ids) == c.completion_tokens, (
-        f"{who} delivered {len(c.token_ids)} token ids but usage says {c.completion_tokens}")
+        f"{who} ended with finish_reason {c.finish_reason!r} after {c.n_tokens} of {tokens} tokens; expected 'abort'")
+    assert 0 < c.n_tokens < tokens, (
+        f"{who} delivered {c.n_tokens} tokens; expected its partial output (1..{tokens - 1})")
+    assert used == c.n_tokens, f"{who} delivered {c.n_tokens} token ids but usage says {used}"
 
 
+@pytest.mark.parametrize("surface", HTTP_SURFACES)
 def test_abort_requests_with_ids_ends_exactly_those_streaming_and_non_streaming_requests_with_their_partial_tokens(
-        control, streams, budget, vllm_server, model, record_property):
+        surface, control, streams, budget, vllm_server, model, record_property):
     tokens = budget.abort_tokens
     void = []
     for _ in range(lifecycle.VOID_TRIALS):
@@ -73,26 +69,25 @@ def test_abort_requests_with_ids_ends_exactly_those_streaming_and_non_streaming_
         aborted = streams(SHORT_PROMPT, tokens, name="stream-aborted", request_id=ids["stream-aborted"])
         spared = streams(SHORT_PROMPT, tokens, name="stream-spared", request_id=ids["stream-spared"])
         with ThreadPoolExecutor(max_workers=1) as pool:
-            plain = pool.submit(complete, vllm_server, model, SHORT_PROMPT, tokens,
-                                budget.finish_s(tokens, concurrent=3), ids["plain-aborted"])
+            plain = pool.submit(request_once, vllm_server, model, SHORT_PROMPT, tokens,
+                                budget.finish_s(tokens, concurrent=3), surface, ids["plain-aborted"])
             aborted.wait_first_token(budget.finish_s())
             spared.wait_first_token(budget.finish_s())
             wait_for_engine(control, budget, "three requests running",
                             lambda state: state.running >= 3 or lifecycle.finished_normally(before, state))
             r = control.ok("POST", "/abort_requests", json={
-                "request_ids": [engine_request_id("completions", ids["stream-aborted"]),
-                                engine_request_id("completions", ids["plain-aborted"])]})
+                "request_ids": [engine_request_id(surface, ids["stream-aborted"]),
+                                engine_request_id(surface, ids["plain-aborted"])]})
             done_before = lifecycle.finished_normally(before, engine_state(control))
             c = result_or_fail(plain, budget.finish_s(tokens) if done_before else budget.settle_s,
-                               "the non-streaming client", control, ids["plain-aborted"])
+                               "the non-streaming client", control, surface, ids["plain-aborted"])
         if not done_before:
             break
         # The precondition failed: the engine had finished one of the three normally before
         # the call (all three are equally long and started together).
         aborted.wait_end(budget.settle_s, budget.finish_s(tokens))
         void.append(f"/abort_requests answered {r.json()} after the engine had finished {done_before:g} "
-                    f"request(s) normally; stream {aborted.describe()}; non-streaming {c.finish_reason} "
-                    f"after {c.completion_tokens} tokens")
+                    f"request(s) normally; stream {aborted.describe()}; non-streaming {c.describe()}")
         lifecycle.assert_completed(spared, budget, tokens)
     else:
         lifecycle.fail_all_void("/abort_requests", void)
@@ -102,32 +97,33 @@ def test_abort_requests_with_ids_ends_exactly_those_streaming_and_non_streaming_
         f"a stream NOT named in /abort_requests was aborted too: {spared.describe()}")
     lifecycle.assert_completed(spared, budget, tokens)
     record_property("observed", f"/abort_requests -> {r.json()}; stream: abort after {aborted.n_tokens} tokens; "
-                                f"non-streaming: abort after {c.completion_tokens} tokens; the third request "
+                                f"non-streaming: abort after {c.n_tokens} tokens; the third request "
                                 f"completed ({spared.n_tokens} tokens, {spared.finish_reason})"
                                 + lifecycle.void_note(void))
 
 
+@pytest.mark.parametrize("surface", HTTP_SURFACES)
 def test_pause_abort_ends_a_non_streaming_request_with_finish_reason_abort_and_its_partial_tokens(
-        control, budget, vllm_server, model, record_property):
+        surface, control, budget, vllm_server, model, record_property):
     tokens = budget.abort_tokens
-    void = []
-    for _ in range(lifecycle.VOID_TRIALS):
+
+    def trial():
         before = engine_state(control)
         request_id = f"conformance-{uuid.uuid4().hex[:8]}-plain"
         with ThreadPoolExecutor(max_workers=1) as pool:
-            plain = pool.submit(complete, vllm_server, model, SHORT_PROMPT, tokens, budget.finish_s(tokens), request_id)
+            plain = pool.submit(request_once, vllm_server, model, SHORT_PROMPT, tokens, budget.finish_s(tokens),
+                                surface, request_id)
             wait_for_engine(control, budget, "a few tokens generated",
                             lambda state: (state - before).generated >= 2)
             took = lifecycle.pause_ok(control, "abort")
             done_before = lifecycle.finished_normally(before, engine_state(control))
-            c = result_or_fail(plain, budget.settle_s, "the non-streaming client", control, request_id)
-        if not (done_before and completed_fully(c, tokens)):
-            break
-        void.append(f"pause(abort) answered after {took:.2f} s; the engine had finished the request normally "
-                    f"({c.finish_reason}, {c.completion_tokens} tokens)")
+            c = result_or_fail(plain, budget.settle_s, "the non-streaming client", control, surface, request_id)
+        if not (done_before and c.complete_in_full()):
+            return c, None
         control.resume_unpaused()
-    else:
-        lifecycle.fail_all_void("pause(abort)", void)
+        return c, f"pause(abort) answered after {took:.2f} s; the engine had finished the request normally ({c.describe()})"
+
+    c, void = lifecycle.until_not_void(trial, "pause(abort)")
     assert_partial_abort(c, tokens, "a non-streaming request in flight at pause(abort)")
-    record_property("observed", f"non-streaming: finish_reason {c.finish_reason!r} after {c.completion_tokens} tokens"
+    record_property("observed", f"non-streaming: finish_reason {c.finish_reason!r} after {c.n_tokens} tokens"
                     + lifecycle.void_note(void))

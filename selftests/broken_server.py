@@ -50,6 +50,7 @@ BREAKS = {
                                 "said 'abort'",
     "spans-collapsed": "generate reports one weight-version span (the last version) over the whole output",
     "resumed-logprobs-altered": "streams that were open when /resume passed get every later logprob lowered by 0.25",
+    "front-end-misses-pause": "every second GET /is_paused answers false, as from a front-end that missed the pause",
 }
 HANG_S = 600  # "never returns": far beyond any bound of the suite
 OVERLAP_S = 0.3  # racing calls are held this long, so a second one surely arrives during the first
@@ -79,6 +80,7 @@ class BrokenProxy:
         self.late_request = False  # a completion arrived while paused (late-request-blocks-drain)
         self.in_flight = {"/pause": 0, "/resume": 0}  # calls being answered (the *-hangs breaks)
         self.open_streams: list[dict] = []  # requests being answered (resumed-logprobs-altered)
+        self.is_paused_calls = 0
         self.session: aiohttp.ClientSession | None = None
 
     def app(self) -> web.Application:
@@ -157,7 +159,8 @@ class BrokenProxy:
             self.fake_paused = False
             self.late_request = False
         elif path == "/is_paused":
-            if "is-paused-lies" in b:
+            self.is_paused_calls += 1
+            if "is-paused-lies" in b or ("front-end-misses-pause" in b and self.is_paused_calls % 2 == 0):
                 return web.json_response({"is_paused": False})
             if self.fake_paused:
                 return web.json_response({"is_paused": True})

@@ -77,3 +77,19 @@ def short_finding(failed_line: str) -> str:
     """'FAILED path::test_name[id] - Error: message' -> 'test_name[id]: Error: message' (shortened)."""
     test, _, message = failed_line.removeprefix("FAILED ").removeprefix("ERROR ").partition(" - ")
     return f"{test.rsplit('::', 1)[-1][:70]}: {message[:140]}"
+
+
+def check_break(url: str, model: str, breakage: str, target: str, message: str | None, report_dir: Path,
+                record_property) -> InnerRun:
+    """Runs `target` in attach mode against a proxy in front of `url` that breaks `breakage`:
+    it must fail with `message`, or, with message None (the unbroken proxy), pass."""
+    from selftests.broken_server import ProxyThread
+
+    with ProxyThread(url, breakage) as proxy:
+        run = run_suite(proxy.url, model, [target], report_dir)
+    record_property("observed", finding(run, breakage))
+    if message is None:
+        assert_no_false_failure(run)
+    else:
+        assert_caught(run, breakage, message)
+    return run

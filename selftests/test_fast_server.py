@@ -8,13 +8,12 @@ context runs its engine well ahead of what vLLM's API server and the client deli
 
 import pytest
 
-from selftests.broken_server import ProxyThread
-from selftests.inner import assert_caught, assert_no_false_failure, finding, run_suite
+from selftests.inner import assert_no_false_failure, check_break, run_suite
 from selftests.test_sharpness import ABORT, ABORT_IDS
 
 RUN_ORDER = 3  # after every module that shares the default or DP server (the fleet started the fast server)
 # What a user runs in attach mode (README): every tier that needs no launcher of its own.
-ATTACH_SELECTION = "not gpu and not selftest and not tier2 and not fleet and not dp"
+ATTACH_SELECTION = "not gpu and not selftest and not tier2 and not fleet and not dp and not api_servers"
 SELECTION_BOUND_S = 600  # ~3 min on 2 cores; requests here are as long as the context allows
 
 pytestmark = pytest.mark.selftest
@@ -50,7 +49,4 @@ ABORT_BREAKS = [
 @pytest.mark.parametrize("breakage, target, message", ABORT_BREAKS, ids=[b for b, _, _ in ABORT_BREAKS])
 def test_the_abort_breaks_are_still_caught_against_a_server_whose_engine_outruns_its_client(
         fast_server, breakage, target, message, tmp_path, record_property):
-    with ProxyThread(fast_server.url, breakage) as proxy:
-        run = run_suite(proxy.url, fast_server.model, [target], tmp_path)
-    record_property("observed", finding(run, breakage))
-    assert_caught(run, breakage, message)
+    check_break(fast_server.url, fast_server.model, breakage, target, message, tmp_path, record_property)

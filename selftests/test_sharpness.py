@@ -16,7 +16,7 @@ from fixtures.client import ControlPlane, prompt_longer_than_a_cache_block
 from fixtures.server import Server
 from fixtures.weight_swap import WARM_ANSWER_TOKENS, check_swap_recomputes_a_warm_prefix
 from selftests.broken_server import ProxyThread
-from selftests.inner import assert_caught, assert_no_false_failure, finding, run_suite
+from selftests.inner import assert_no_false_failure, check_break, run_suite
 
 pytestmark = pytest.mark.selftest
 
@@ -32,9 +32,9 @@ RACES = "conformance/test_regression_races.py::"
 RESUME_RACE = RACES + "test_two_resumes_racing_with_a_wave_of_new_requests_both_return_and_every_request_completes"
 PAUSE_RACE = RACES + "test_two_pauses_racing_both_return_and_every_request_ends[keep-keep]"
 ABORT_IDS = ("conformance/test_regression_abort.py::test_abort_requests_with_ids_ends_exactly_those_streaming_"
-             "and_non_streaming_requests_with_their_partial_tokens")
+             "and_non_streaming_requests_with_their_partial_tokens[completions]")
 ABORT_PLAIN = ("conformance/test_regression_abort.py::test_pause_abort_ends_a_non_streaming_request_with_"
-               "finish_reason_abort_and_its_partial_tokens")
+               "finish_reason_abort_and_its_partial_tokens[completions]")
 LATENCY = "conformance/test_pause_latency.py::test_pause_keep_returns_within_the_bound_with_8_streams_in_flight_over_20_cycles"
 WEIGHT_CALLS = ("conformance/test_regression_weight_update.py::test_weight_sync_calls_out_of_order_or_while_"
                 "sleeping_are_refused_and_the_server_stays_healthy")
@@ -79,10 +79,7 @@ def case_id(breakage, target, _message):
 @pytest.mark.parametrize("breakage, target, message", CASES, ids=[case_id(*c) for c in CASES])
 def test_a_server_with_one_broken_row_fails_the_test_that_pins_it(
         vllm_server, model, breakage, target, message, tmp_path, record_property):
-    with ProxyThread(vllm_server.url, breakage) as proxy:
-        run = run_suite(proxy.url, model, [target], tmp_path)
-    record_property("observed", finding(run, breakage))
-    assert_caught(run, breakage, message)
+    check_break(vllm_server.url, model, breakage, target, message, tmp_path, record_property)
 
 
 @pytest.mark.timeout(300)  # every targeted test once, the latency cycles included

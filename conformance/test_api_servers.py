@@ -1,0 +1,90 @@
+"""The P0 request lifecycle on one server with several API servers (--api-server-count 2).
+
+`vllm serve --api-server-count N` runs N front-end processes on one port in front of one
+engine; the kernel hands each new connection to one of them. A pause sent through any
+front-end pauses the engine for all: every fresh connection must then see is_paused true,
+and requests sent over fresh connections (to whichever front-end) must all be held, then all
+complete after resume. The lifecycle rows are the checks of test_request_lifecycle.py
+(fixtures/lifecycle.py). In attach mode the attached server is used if /server_info reports
+two or more API servers.
+"""
+
+import pytest
+import requests
+
+from fixtures import lifecycle
+from fixtures.client import CONTROL_TIMEOUT
+from fixtures.server import SERVE_LAUNCH_CMD
+
+AREA = "P0 mode request lifecycle, 2 API servers"
+VLLM_SERVER_ARGS = ["--api-server-count", "2"]
+VLLM_LAUNCH_CMD = SERVE_LAUNCH_CMD
+RUN_ORDER = 2  # after the modules sharing the default server: this one needs a server of its own
+CONNECTIONS = 8  # fresh connections per check: the chance all land on one of 2 front-ends is 1/128
+
+pytestmark = [pytest.mark.api_servers, pytest.mark.requires("api_servers"), pytest.mark.timeout(300)]
+
+
+def test_abort_through_several_api_servers_ends_the_in_flight_request_and_queues_new_ones_until_resume(
+        control, streams, budget, expected, record_property):
+    record_property("observed", lifecycle.abort_row(control, streams, budget, expected))
+
+
+def test_wait_through_several_api_servers_lets_the_in_flight_request_finish_and_queues_new_ones(
+        control, streams, budget, expected, record_property):
+    record_property("observed", lifecycle.wait_row(control, streams, budget, expected))
+
+
+def test_keep_through_several_api_servers_freezes_the_in_flight_request_and_resume_completes_both(
+        control, streams, budget, expected, record_property):
+    record_property("observed", lifecycle.keep_row(control, streams, budget, expected))
+
+
+def test_resume_through_several_api_servers_is_effective_when_it_returns(
+        control, streams, budget, rates, expected, record_property):
+    record_property("observed", lifecycle.resume_is_effective_row(control, streams, budget, rates, expected))
+
+
+def is_paused_on_fresh_connections(url: str) -> list[object]:
+    """GET /is_paused over CONNECTIONS new connections (each may reach another front-end)."""
+    seen = []
+    for _ in range(CONNECTIONS):
+        with requests.Session() as fresh:
+            r = fresh.get(url + "/is_paused", timeout=CONTROL_TIMEOUT, headers={"Connection": "close"})
+            seen.append(r.json().get("is_paused") if r.status_code == 200 else f"HTTP {r.status_code}")
+    return seen
+
+
+@pytest.mark.parametrize("mode", ["abort", "wait", "keep"])
+def test_one_pause_is_seen_by_every_api_server_and_one_resume_releases_them_all(
+        mode, control, vllm_server, record_property):
+    lifecycle.pause_ok(control, mode)
+    paused = is_paused_on_fresh_connections(vllm_server.url)
+    control.ok("POST", "/resume")
+    resumed = is_paused_on_fresh_connections(vllm_server.url)
+    record_property("observed", f"is_paused over {CONNECTIONS} fresh connections: after pause({mode}) {paused}, "
+                                f"after resume {resumed}")
+    assert paused == [True] * CONNECTIONS, (
+        f"after one pause(mode={mode}), GET /is_paused over {CONNECTIONS} fresh connections answered {paused}: "
+        f"a front-end did not see the pause")
+    assert resumed == [False] * CONNECTIONS, (
+        f"after one resume, GET /is_paused over {CONNECTIONS} fresh connections answered {resumed}: "
+        f"a front-end did not see the resume")
+
+
+def test_requests_over_fresh_connections_are_all_held_while_paused_and_all_complete_after_resume(
+        control, streams, budget, expected, record_property):
+    lifecycle.pause_ok(control, "keep")
+    sent = [streams(lifecycle.PAUSED_PROMPT, budget.short_tokens, name=f"connection-{i + 1}")
+            for i in range(CONNECTIONS)]  # each stream has a client, so a connection, of its own
+    seen = [lifecycle.observe_while_paused(s, budget) for s in sent]
+    checks = [expected.check("request_while_paused", x, mode="keep") for x in seen]
+    assert all(c.matches for c in checks), (
+        f"requests sent while paused over {CONNECTIONS} fresh connections got {seen}; expected "
+        f"{checks[0].expected!r} for each ({expected.source('request_while_paused', 'keep')}): one reached a "
+        f"front-end that did not hold it")
+    control.resume_unpaused()
+    for s, got in zip(sent, seen):
+        lifecycle.complete_after_resume(streams, s if got == "queued" else None, budget, concurrent=CONNECTIONS)
+    record_property("observed", f"{CONNECTIONS} requests over fresh connections while paused: {seen}; all completed "
+                                f"after resume")
