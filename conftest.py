@@ -50,6 +50,9 @@ OPTIONS = [
      "request surfaces this run certifies, comma-separated, of " + ",".join(surfaces_mod.SURFACES)
      + " (only those run; --strict fails their skipped P0 rows). Default: every surface the server offers "
      "runs, and only completions is claimed"),
+    ("--vllm-rates", "VLLM_CONFORMANCE_RATES", "",
+     "attach mode: TTFT_S,TOKENS_PER_S[,ENGINE_TOKENS_PER_S] of the (first) server, used instead of measuring "
+     "them (e.g. from an earlier run's report; the server is taken as warmed up)"),
     ("--vllm-strict", "VLLM_CONFORMANCE_STRICT", "",
      "certified run: any skipped P0 test is a failure (same as pytest's own --strict; values 1/true/yes)"),
 ]
@@ -74,6 +77,7 @@ class Settings:
     expectations: Path
     strict: bool
     surfaces: tuple[str, ...] | None  # None: every surface the server offers, only completions claimed
+    rates: Rates | None  # given instead of measured (attach mode, first server)
 
     @property
     def claimed(self) -> tuple[str, ...]:
@@ -111,6 +115,7 @@ def pytest_configure(config):
         expectations=Path(values["--vllm-expectations"]),
         strict=bool(config.getoption("strict", False)) or values["--vllm-strict"].strip().lower() in TRUE,
         surfaces=_surfaces(values["--vllm-surfaces"]),
+        rates=_rates(values["--vllm-rates"]),
     )
     config.stash[SUMMARY] = {"servers": [], "started": time.time()}
     if not hasattr(config, "workerinput"):  # xdist: the controller writes the reports
@@ -129,6 +134,18 @@ def _surfaces(value: str) -> tuple[str, ...] | None:
         raise pytest.UsageError(f"--vllm-surfaces: unknown surface(s) {sorted(unknown)}; "
                                 f"known: {', '.join(surfaces_mod.SURFACES)}")
     return names or None
+
+
+def _rates(value: str) -> Rates | None:
+    if not value.strip():
+        return None
+    try:
+        numbers = [float(v) for v in value.split(",")]
+        assert len(numbers) in (2, 3) and all(x > 0 for x in numbers)
+    except (ValueError, AssertionError):
+        raise pytest.UsageError(f"--vllm-rates: expected TTFT_S,TOKENS_PER_S[,ENGINE_TOKENS_PER_S] (positive "
+                                f"numbers), got {value!r}")
+    return Rates(ttft_s=numbers[0], tokens_per_s=numbers[1], engine_tokens_per_s=(numbers[2:] or [None])[0])
 
 
 def _raise_keyboard_interrupt(signum, frame):
@@ -154,7 +171,7 @@ class ServerPool:
         self.summary = summary
         self.servers: dict[tuple, server_mod.Server] = {}
         self.failures: dict[tuple, str] = {}
-        self.kept: dict[str, server_mod.Server] = {}  # servers kept to the end of the session
+        self.servers_kept: dict[str, server_mod.Server] = {}  # by label, until the session ends
         self.launched = 0
 
     def get(self, module_args: list[str], launch_cmd: str | None = None) -> server_mod.Server:
@@ -188,6 +205,8 @@ class ServerPool:
 
     def attach(self, url: str) -> server_mod.Server:
         srv = server_mod.Server(url=url, model=self.settings.model or server_mod.served_model(url))
+        if url == self.settings.url:
+            srv.rates = self.settings.rates
         self.summary["servers"].append(srv)
         return srv
 
@@ -211,27 +230,38 @@ class ServerPool:
             srv.stop()
         self.servers.clear()
 
+    def kept(self, label: str, model: str, module_args: list[str]) -> server_mod.Server:
+        """A server started once by the first module that asks for `label`, and kept, idle
+        in between, for the later ones until the session ends."""
+        if ("kept", label) in self.failures:
+            pytest.fail(self.failures[("kept", label)], pytrace=False)
+        if label not in self.servers_kept:
+            try:
+                self.servers_kept[label] = self.launch(model, module_args, label=label)
+            except server_mod.ServerDied as exc:
+                self.failures[("kept", label)] = f"could not start the {label} server: {exc}"
+                pytest.fail(self.failures[("kept", label)], pytrace=False)
+        return self.servers_kept[label]
+
     def fast(self) -> server_mod.Server:
-        """The fixture's fast model (model_builder.FAST) with a 2,048-token context, started
-        once and kept, idle in between, for the modules that use it (the fleet's second
-        server, the fast-server self-test) until the session ends."""
+        """The fixture's fast model (model_builder.FAST) with a 2,048-token context: the
+        fleet's second server and the fast-server self-test's server."""
         from fixtures import model_builder
 
-        if ("fast",) in self.failures:
-            pytest.fail(self.failures[("fast",)], pytrace=False)
-        if "fast" not in self.kept:
-            try:
-                self.kept["fast"] = self.launch(str(model_builder.ensure("v1", shape=model_builder.FAST)),
-                                                ["--max-model-len", "2048"], label="fast")
-            except server_mod.ServerDied as exc:
-                self.failures[("fast",)] = f"could not start the fast server: {exc}"
-                pytest.fail(self.failures[("fast",)], pytrace=False)
-        return self.kept["fast"]
+        return self.kept("fast", str(model_builder.ensure("v1", shape=model_builder.FAST)), ["--max-model-len", "2048"])
+
+    def fresh_v2(self) -> server_mod.Server:
+        """A fresh server on the fixture's V2 weights, the reference of every weight-swap check
+        (the stale-prefix regression, tier 2)."""
+        from fixtures import model_builder
+        from fixtures.weight_swap import SWAP_SERVER_ARGS
+
+        return self.kept("fresh-v2", str(model_builder.ensure("v2")), SWAP_SERVER_ARGS)
 
     def stop_kept(self) -> None:
-        for srv in self.kept.values():
+        for srv in self.servers_kept.values():
             srv.stop()
-        self.kept.clear()
+        self.servers_kept.clear()
 
 
 @pytest.fixture(scope="session")
@@ -264,10 +294,11 @@ def cpu_swap_runs(settings, server_pool, tmp_path_factory):
     from fixtures.trainer import ray_session
     from fixtures.weight_swap import cpu_swap_experiment
 
-    server_pool.stop_all()  # two CPU engines at once would only slow each other down
+    server_pool.stop_all()  # two busy CPU engines at once would only slow each other down
     v1, v2 = model_builder.ensure("v1"), model_builder.ensure("v2")
+    fresh = server_pool.fresh_v2()
     with ray_session():
-        return cpu_swap_experiment(server_pool.launch, str(v1), str(v2), tmp_path_factory.mktemp("tier2"))
+        return cpu_swap_experiment(server_pool.launch, str(v1), str(v2), tmp_path_factory.mktemp("tier2"), fresh=fresh)
 
 
 @pytest.fixture(scope="module")
@@ -331,7 +362,7 @@ def _resumed_around_each_test(request):
         ctl.ok("POST", "/resume")
 
 
-STREAM_TEARDOWN_S = 15.0  # bound for held streams to end at teardown, once the server is resumed
+STREAM_TEARDOWN_S = 15.0  # bound for unfinished streams to end at teardown, once disconnected
 
 
 def _surface_of(item) -> str | None:
@@ -359,8 +390,11 @@ def streams(request):
         return s.start()
 
     yield start
-    for srv in {id(s.server): s.server for s in made if not s.done.is_set()}.values():
-        if srv.dead_reason() is None:  # end what is still running (abort), then leave the server resumed
+    open_streams = [s for s in made if not s.done.is_set()]
+    for s in open_streams:  # the client goes away: the server ends the request (abort on disconnect)
+        s.disconnect()
+    for srv in {id(s.server): s.server for s in open_streams}.values():
+        if srv.dead_reason() is None:  # end anything still running, and leave the server resumed
             for path, params in (("/pause", {"mode": "abort"}), ("/resume", {})):
                 try:
                     requests.post(srv.url + path, params=params, timeout=5)

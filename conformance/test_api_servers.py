@@ -1,12 +1,12 @@
-"""The P0 request lifecycle on one server with several API servers (--api-server-count 2).
+"""Several API servers on one port (--api-server-count 2): what they must share.
 
-`vllm serve --api-server-count N` runs N front-end processes on one port in front of one
-engine; the kernel hands each new connection to one of them. A pause sent through any
-front-end pauses the engine for all: every fresh connection must then see is_paused true,
-and requests sent over fresh connections (to whichever front-end) must all be held, then all
-complete after resume. The lifecycle rows are the checks of test_request_lifecycle.py
-(fixtures/lifecycle.py). In attach mode the attached server is used if /server_info reports
-two or more API servers.
+`vllm serve --api-server-count N` runs N front-end processes on one port; the kernel hands
+each new connection to one of them. A pause sent through any front-end pauses the engine(s)
+for all: every fresh connection must then see is_paused true (and false after one resume),
+and requests sent while paused over fresh connections (to whichever front-end) must all be
+held, then all complete after resume. Launch mode shares the server of
+test_data_parallel.py, whose P0 lifecycle rows run through these two API servers. In attach
+mode the attached server is used if /server_info reports two or more API servers.
 """
 
 import pytest
@@ -14,35 +14,15 @@ import requests
 
 from fixtures import lifecycle
 from fixtures.client import CONTROL_TIMEOUT
-from fixtures.server import SERVE_LAUNCH_CMD
+from fixtures.server import PARALLEL_LAYOUT_ARGS, SERVE_LAUNCH_CMD
 
-AREA = "P0 mode request lifecycle, 2 API servers"
-VLLM_SERVER_ARGS = ["--api-server-count", "2"]
+AREA = "Several API servers"
+VLLM_SERVER_ARGS = PARALLEL_LAYOUT_ARGS
 VLLM_LAUNCH_CMD = SERVE_LAUNCH_CMD
-RUN_ORDER = 2  # after the modules sharing the default server: this one needs a server of its own
+RUN_ORDER = 2  # shares the server of the dp modules
 CONNECTIONS = 8  # fresh connections per check: the chance all land on one of 2 front-ends is 1/128
 
 pytestmark = [pytest.mark.api_servers, pytest.mark.requires("api_servers"), pytest.mark.timeout(300)]
-
-
-def test_abort_through_several_api_servers_ends_the_in_flight_request_and_queues_new_ones_until_resume(
-        control, streams, budget, expected, record_property):
-    record_property("observed", lifecycle.abort_row(control, streams, budget, expected))
-
-
-def test_wait_through_several_api_servers_lets_the_in_flight_request_finish_and_queues_new_ones(
-        control, streams, budget, expected, record_property):
-    record_property("observed", lifecycle.wait_row(control, streams, budget, expected))
-
-
-def test_keep_through_several_api_servers_freezes_the_in_flight_request_and_resume_completes_both(
-        control, streams, budget, expected, record_property):
-    record_property("observed", lifecycle.keep_row(control, streams, budget, expected))
-
-
-def test_resume_through_several_api_servers_is_effective_when_it_returns(
-        control, streams, budget, rates, expected, record_property):
-    record_property("observed", lifecycle.resume_is_effective_row(control, streams, budget, rates, expected))
 
 
 def is_paused_on_fresh_connections(url: str) -> list[object]:

@@ -1,16 +1,21 @@
 """The P0 request lifecycle on one server with --data-parallel-size 2 (SPEC §4, §6).
 
-With two engines behind one API server, pause and resume must reach both: the same checks
-as test_request_lifecycle.py (fixtures/lifecycle.py), against a server of its own. In
-attach mode the attached server is used if it reports a data-parallel size of 2 or more.
+With two engines, pause and resume must reach both: the same checks as
+test_request_lifecycle.py (fixtures/lifecycle.py), against a server of its own. Launch mode
+starts what `vllm serve --data-parallel-size 2` runs by default: two engines behind two API
+servers on one port (test_api_servers.py checks what the API servers must share, on the same
+server). In attach mode the attached server is used if it reports a data-parallel size of 2
+or more.
 """
 
 import pytest
 
 from fixtures import lifecycle
+from fixtures.server import PARALLEL_LAYOUT_ARGS, SERVE_LAUNCH_CMD
 
 AREA = "P0 mode request lifecycle, data-parallel 2"
-VLLM_SERVER_ARGS = ["--data-parallel-size", "2"]
+VLLM_SERVER_ARGS = PARALLEL_LAYOUT_ARGS
+VLLM_LAUNCH_CMD = SERVE_LAUNCH_CMD
 RUN_ORDER = 2  # after the modules sharing the default server: this one needs a server of its own
 
 pytestmark = [pytest.mark.dp, pytest.mark.requires("data_parallel")]

@@ -191,7 +191,7 @@ def test_wait_lets_the_in_flight_request_finish_before_pause_returns_and_holds_n
 
 def test_keep_freezes_the_in_flight_request_and_resume_completes_it_and_the_held_one(
         surface, engine, budget, record_property):
-    tokens = lifecycle.trial_tokens(budget, 1)
+    tokens = budget.long_tokens  # in-process, a first token seen means the request is running
     name = start_in_flight(engine, budget, tokens)
     engine.call("pause", "keep", False)
     mid = engine.wait_quiet(name, budget.hold_s, budget.settle_s + budget.hold_s)
@@ -208,7 +208,7 @@ def test_keep_freezes_the_in_flight_request_and_resume_completes_it_and_the_held
 @pytest.mark.parametrize("clear_cache", [False, True], ids=["clear_cache-false", "clear_cache-true"])
 def test_keep_then_resume_delivers_exactly_the_tokens_and_logprobs_of_an_uninterrupted_greedy_run(
         surface, engine, budget, clear_cache, record_property):
-    tokens = lifecycle.trial_tokens(budget, 1)
+    tokens = budget.long_tokens  # in-process, a first token seen means the request is running
     name = start_in_flight(engine, budget, tokens, logprobs=True)
     engine.call("pause", "keep", clear_cache)
     frozen = len(engine.wait_quiet(name, budget.hold_s, budget.settle_s + budget.hold_s)["token_ids"])

@@ -60,14 +60,15 @@ def assert_partial_abort(c, tokens, who):
 @pytest.mark.parametrize("surface", HTTP_SURFACES)
 def test_abort_requests_with_ids_ends_exactly_those_streaming_and_non_streaming_requests_with_their_partial_tokens(
         surface, control, streams, budget, vllm_server, model, record_property):
-    tokens = budget.abort_tokens
+    tokens, spared_tokens = budget.abort_tokens, lifecycle.trial_tokens(budget, 1)
     void = []
     for _ in range(lifecycle.VOID_TRIALS):
         tag = uuid.uuid4().hex[:8]
         ids = {name: f"conformance-{tag}-{name}" for name in ("stream-aborted", "stream-spared", "plain-aborted")}
         before = engine_state(control)
         aborted = streams(SHORT_PROMPT, tokens, name="stream-aborted", request_id=ids["stream-aborted"])
-        spared = streams(SHORT_PROMPT, tokens, name="stream-spared", request_id=ids["stream-spared"])
+        # Long enough to still run when the call arrives, short enough to complete soon after.
+        spared = streams(SHORT_PROMPT, spared_tokens, name="stream-spared", request_id=ids["stream-spared"])
         with ThreadPoolExecutor(max_workers=1) as pool:
             plain = pool.submit(request_once, vllm_server, model, SHORT_PROMPT, tokens,
                                 budget.finish_s(tokens, concurrent=3), surface, ids["plain-aborted"])
@@ -88,14 +89,14 @@ def test_abort_requests_with_ids_ends_exactly_those_streaming_and_non_streaming_
         aborted.wait_end(budget.settle_s, budget.finish_s(tokens))
         void.append(f"/abort_requests answered {r.json()} after the engine had finished {done_before:g} "
                     f"request(s) normally; stream {aborted.describe()}; non-streaming {c.describe()}")
-        lifecycle.assert_completed(spared, budget, tokens)
+        lifecycle.assert_completed(spared, budget, spared_tokens)
     else:
         lifecycle.fail_all_void("/abort_requests", void)
     lifecycle.assert_aborted(aborted, budget, cause="named in /abort_requests")
     assert_partial_abort(c, tokens, "the non-streaming request named in /abort_requests")
     assert not (spared.done.is_set() and spared.finish_reason == "abort"), (
         f"a stream NOT named in /abort_requests was aborted too: {spared.describe()}")
-    lifecycle.assert_completed(spared, budget, tokens)
+    lifecycle.assert_completed(spared, budget, spared_tokens)
     record_property("observed", f"/abort_requests -> {r.json()}; stream: abort after {aborted.n_tokens} tokens; "
                                 f"non-streaming: abort after {c.n_tokens} tokens; the third request "
                                 f"completed ({spared.n_tokens} tokens, {spared.finish_reason})"

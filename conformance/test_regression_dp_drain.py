@@ -14,9 +14,11 @@ import pytest
 
 from fixtures import lifecycle
 from fixtures.client import engine_state
+from fixtures.server import PARALLEL_LAYOUT_ARGS, SERVE_LAUNCH_CMD
 
 AREA = "Regression: data-parallel drain"
-VLLM_SERVER_ARGS = ["--data-parallel-size", "2"]
+VLLM_SERVER_ARGS = PARALLEL_LAYOUT_ARGS
+VLLM_LAUNCH_CMD = SERVE_LAUNCH_CMD
 RUN_ORDER = 2  # shares the DP server of test_data_parallel.py
 pytestmark = [pytest.mark.regression, pytest.mark.dp, pytest.mark.requires("data_parallel")]
 

@@ -13,7 +13,6 @@ import pytest
 
 from fixtures import model_builder
 from fixtures.client import SHORT_PROMPT, complete, prompt_longer_than_a_cache_block
-from fixtures.server import ServerDied
 from fixtures.weight_swap import WARM_ANSWER_TOKENS, check_swap_recomputes_a_warm_prefix
 
 AREA = "Regression: weight updates"
@@ -83,21 +82,12 @@ def test_weight_sync_calls_out_of_order_or_while_sleeping_are_refused_and_the_se
 
 @pytest.fixture(scope="module")
 def fresh_v2_answers(server_pool):
-    """Answers of a fresh server started on V2 (started at the first question and stopped at
-    the end of the module)."""
-    started = []
-
+    """Answers of a fresh server on V2 (started at the first question, kept for tier 2)."""
     def answer(prompt: str, max_tokens: int) -> list[int]:
-        if not started:
-            try:
-                started.append(server_pool.launch(str(model_builder.ensure("v2")), [], label="fresh-v2"))
-            except ServerDied as exc:
-                pytest.fail(f"could not start the fresh V2 server: {exc}", pytrace=False)
-        return complete(started[0], started[0].model, prompt, max_tokens).token_ids
+        fresh = server_pool.fresh_v2()
+        return complete(fresh, fresh.model, prompt, max_tokens).token_ids
 
-    yield answer
-    for srv in started:
-        srv.stop()
+    return answer
 
 
 @pytest.mark.requires("prefix_caching", "prompt_tokens_details")

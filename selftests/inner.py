@@ -38,7 +38,13 @@ class InnerRun:
 
 
 def run_suite(url: str, model: str, targets: list[str], report_dir: Path, *extra: str,
-              cwd: Path = ROOT, bound: float = INNER_BOUND_S, python_flags: tuple[str, ...] = ()) -> InnerRun:
+              cwd: Path = ROOT, bound: float = INNER_BOUND_S, python_flags: tuple[str, ...] = (),
+              rates=None) -> InnerRun:
+    """`rates`: the outer run's measurement of the server behind `url` (client.Rates), passed
+    on so the inner run need not measure again."""
+    if rates is not None:
+        extra = (f"--vllm-rates={rates.ttft_s},{rates.tokens_per_s}"
+                 + (f",{rates.engine_tokens_per_s}" if rates.engine_tokens_per_s else ""), *extra)
     cmd = [sys.executable, *python_flags, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--vllm-url={url}",
            f"--vllm-model={model}", f"--vllm-report-dir={report_dir}", "--timeout=90", *extra, *targets]
     # Settings come from options only: the outer run's environment must not leak in.
@@ -79,14 +85,14 @@ def short_finding(failed_line: str) -> str:
     return f"{test.rsplit('::', 1)[-1][:70]}: {message[:140]}"
 
 
-def check_break(url: str, model: str, breakage: str, target: str, message: str | None, report_dir: Path,
+def check_break(server, breakage: str, target: str, message: str | None, report_dir: Path,
                 record_property) -> InnerRun:
-    """Runs `target` in attach mode against a proxy in front of `url` that breaks `breakage`:
-    it must fail with `message`, or, with message None (the unbroken proxy), pass."""
+    """Runs `target` in attach mode against a proxy in front of `server` that breaks
+    `breakage`: it must fail with `message`, or, with message None (the unbroken proxy), pass."""
     from selftests.broken_server import ProxyThread
 
-    with ProxyThread(url, breakage) as proxy:
-        run = run_suite(proxy.url, model, [target], report_dir)
+    with ProxyThread(server.url, breakage) as proxy:
+        run = run_suite(proxy.url, server.model, [target], report_dir, rates=server.rates)
     record_property("observed", finding(run, breakage))
     if message is None:
         assert_no_false_failure(run)

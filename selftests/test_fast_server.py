@@ -30,8 +30,10 @@ def fast_server(settings, server_pool):
 @pytest.mark.timeout(SELECTION_BOUND_S + 60)
 def test_everything_that_runs_in_attach_mode_passes_against_a_server_whose_engine_outruns_its_client(
         fast_server, tmp_path, record_property):
+    # On completions: the other surfaces share every check and its timing (run them by hand
+    # against a fast server with the README's attach command).
     run = run_suite(fast_server.url, fast_server.model, ["conformance"], tmp_path, "-m", ATTACH_SELECTION,
-                    "--timeout=300", bound=SELECTION_BOUND_S)
+                    "--timeout=300", "--vllm-surfaces=completions", bound=SELECTION_BOUND_S)
     report = run.report()
     void = [r["id"].rsplit("::", 1)[-1][:60] for r in report["rows"] if "void trial" in r["observed"]]
     record_property("observed", f"exit {run.code} after {run.seconds:.0f} s; totals {report['totals']}; "
@@ -49,4 +51,4 @@ ABORT_BREAKS = [
 @pytest.mark.parametrize("breakage, target, message", ABORT_BREAKS, ids=[b for b, _, _ in ABORT_BREAKS])
 def test_the_abort_breaks_are_still_caught_against_a_server_whose_engine_outruns_its_client(
         fast_server, breakage, target, message, tmp_path, record_property):
-    check_break(fast_server.url, fast_server.model, breakage, target, message, tmp_path, record_property)
+    check_break(fast_server, breakage, target, message, tmp_path, record_property)

@@ -18,7 +18,8 @@ from fixtures.weight_swap import WARM_ANSWER_TOKENS, check_swap_recomputes_a_war
 from selftests.broken_server import ProxyThread
 from selftests.inner import assert_no_false_failure, check_break, run_suite
 
-pytestmark = pytest.mark.selftest
+# The outer run measures the server once; each inner run gets those rates (--vllm-rates).
+pytestmark = [pytest.mark.selftest, pytest.mark.usefixtures("rates")]
 
 LIFECYCLE = "conformance/test_request_lifecycle.py::"
 STATE = "conformance/test_pause_state.py::test_pause_twice_then_resume_twice_in_every_mode_for_two_rounds"
@@ -79,14 +80,14 @@ def case_id(breakage, target, _message):
 @pytest.mark.parametrize("breakage, target, message", CASES, ids=[case_id(*c) for c in CASES])
 def test_a_server_with_one_broken_row_fails_the_test_that_pins_it(
         vllm_server, model, breakage, target, message, tmp_path, record_property):
-    check_break(vllm_server.url, model, breakage, target, message, tmp_path, record_property)
+    check_break(vllm_server, breakage, target, message, tmp_path, record_property)
 
 
 @pytest.mark.timeout(300)  # every targeted test once, the latency cycles included
 def test_the_unbroken_proxy_passes_every_targeted_test(vllm_server, model, tmp_path, record_property):
     targets = sorted({c[1] for c in CASES})
     with ProxyThread(vllm_server.url, "none") as proxy:
-        run = run_suite(proxy.url, model, targets, tmp_path, bound=240)
+        run = run_suite(proxy.url, model, targets, tmp_path, bound=240, rates=vllm_server.rates)
     record_property("observed", f"exit {run.code} after {run.seconds:.1f} s")
     assert_no_false_failure(run)
 
@@ -97,7 +98,7 @@ def test_a_pause_that_reaches_the_engine_seconds_late_does_not_fail_the_abort_ro
     first token (a CI run saw a 2 s request finish first). The abort rows' requests outlast that:
     through a proxy that holds every /pause for 3 s, a correct abort must still pass."""
     with ProxyThread(vllm_server.url, "pause-is-slow") as proxy:
-        run = run_suite(proxy.url, model, [ABORT, ABORT_PLAIN], tmp_path)
+        run = run_suite(proxy.url, model, [ABORT, ABORT_PLAIN], tmp_path, rates=vllm_server.rates)
     record_property("observed", f"pause held 3 s: exit {run.code} after {run.seconds:.1f} s")
     assert_no_false_failure(run, "a correct server whose /pause is held 3 s")
 

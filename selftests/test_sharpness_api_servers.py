@@ -5,13 +5,14 @@ say so. The transparent proxy passes the same test."""
 
 import pytest
 
-from fixtures.server import SERVE_LAUNCH_CMD
+from fixtures.server import PARALLEL_LAYOUT_ARGS, SERVE_LAUNCH_CMD
 from selftests.inner import check_break
 
-VLLM_SERVER_ARGS = ["--api-server-count", "2"]
+VLLM_SERVER_ARGS = PARALLEL_LAYOUT_ARGS
 VLLM_LAUNCH_CMD = SERVE_LAUNCH_CMD
 RUN_ORDER = 2  # shares the server of conformance/test_api_servers.py
-pytestmark = [pytest.mark.selftest, pytest.mark.requires("api_servers")]
+# The outer run measures the server once; each inner run gets those rates (--vllm-rates).
+pytestmark = [pytest.mark.selftest, pytest.mark.requires("api_servers"), pytest.mark.usefixtures("rates")]
 
 EVERY_FRONT_END = ("conformance/test_api_servers.py::test_one_pause_is_seen_by_every_api_server_and_one_resume_"
                    "releases_them_all[keep]")
@@ -21,4 +22,4 @@ EVERY_FRONT_END = ("conformance/test_api_servers.py::test_one_pause_is_seen_by_e
                          ids=["front-end-misses-pause", "unbroken-proxy"])
 def test_the_every_front_end_check_fails_only_against_a_server_with_a_front_end_that_misses_the_pause(
         vllm_server, model, breakage, message, tmp_path, record_property):
-    check_break(vllm_server.url, model, breakage, EVERY_FRONT_END, message, tmp_path, record_property)
+    check_break(vllm_server, breakage, EVERY_FRONT_END, message, tmp_path, record_property)

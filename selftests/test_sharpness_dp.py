@@ -5,11 +5,14 @@ The transparent proxy passes the same test."""
 
 import pytest
 
+from fixtures.server import PARALLEL_LAYOUT_ARGS, SERVE_LAUNCH_CMD
 from selftests.inner import check_break
 
-VLLM_SERVER_ARGS = ["--data-parallel-size", "2"]
+VLLM_SERVER_ARGS = PARALLEL_LAYOUT_ARGS
+VLLM_LAUNCH_CMD = SERVE_LAUNCH_CMD
 RUN_ORDER = 2  # shares the DP server of the dp modules
-pytestmark = [pytest.mark.selftest, pytest.mark.requires("data_parallel")]
+# The outer run measures the server once; each inner run gets those rates (--vllm-rates).
+pytestmark = [pytest.mark.selftest, pytest.mark.requires("data_parallel"), pytest.mark.usefixtures("rates")]
 
 DRAIN = ("conformance/test_regression_dp_drain.py::test_a_request_sent_during_a_pause_never_blocks_later_pauses_"
          "and_completes_after_resume")
@@ -20,4 +23,4 @@ DRAIN = ("conformance/test_regression_dp_drain.py::test_a_request_sent_during_a_
                          ids=["late-request-blocks-drain", "unbroken-proxy"])
 def test_the_dp_drain_regression_fails_only_against_a_server_with_the_drain_bug(
         vllm_server, model, breakage, message, tmp_path, record_property):
-    check_break(vllm_server.url, model, breakage, DRAIN, message, tmp_path, record_property)
+    check_break(vllm_server, breakage, DRAIN, message, tmp_path, record_property)

@@ -58,8 +58,10 @@ def test_a_copy_outside_the_repository_runs_p0_in_attach_mode(vllm_server, model
     copy = tmp_path_factory.mktemp("downstream") / "vendored-conformance"
     shutil.copytree(ROOT, copy, ignore=IGNORED)
     # -I: isolated mode, so neither PYTHONPATH nor the current directory can reach the original.
-    run = run_suite(vllm_server.url, model, [], copy / "reports", "-m", "p0", "--vllm-surfaces=completions",
-                    cwd=copy, python_flags=("-I",), bound=240)
+    # The P0 rows of the request lifecycle on completions: enough to show the copy runs.
+    run = run_suite(vllm_server.url, model, ["conformance/test_pause_state.py", "conformance/test_invalid_mode.py",
+                                             "conformance/test_request_lifecycle.py"], copy / "reports", "-m", "p0",
+                    "--vllm-surfaces=completions", cwd=copy, python_flags=("-I",), bound=240)
     rep = run.report()
     passed = rep["totals"]["pass"] + rep["totals"]["known deviation"]
     record_property("observed", f"copied to {copy}; exit {run.code} after {run.seconds:.1f} s; "

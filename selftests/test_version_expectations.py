@@ -84,10 +84,11 @@ def test_a_malformed_expectations_file_is_reported_with_its_name(tmp_path):
 
 # -- against servers -------------------------------------------------------------------
 
+@pytest.mark.usefixtures("rates")  # measured once here, passed to the inner run
 def test_a_server_with_later_upstream_behaviour_fails_the_032_entry_and_the_report_shows_what_it_did(
         vllm_server, model, tmp_path, record_property):
     with ProxyThread(vllm_server.url, LATER_UPSTREAM) as proxy:
-        run = run_suite(proxy.url, model, TARGETS, tmp_path / "report")
+        run = run_suite(proxy.url, model, TARGETS, tmp_path / "report", rates=vllm_server.rates)
     rows = run.rows()
     assert run.code == 1, f"expected failures against the 0.32 entry, got exit {run.code}:\n{run.output[-3000:]}"
     for name in INVALID_ROWS:
@@ -99,13 +100,15 @@ def test_a_server_with_later_upstream_behaviour_fails_the_032_entry_and_the_repo
         f"{n[:40]}: {rows[n]['reason'][:110]}" for n in (INVALID_ROWS[0], PAUSED_ROWS[0])))
 
 
+@pytest.mark.usefixtures("rates")  # measured once here, passed to the inner run
 def test_the_same_server_passes_once_its_versions_entry_says_422_and_503_and_the_report_marks_known_deviations(
         vllm_server, model, control, tmp_path, record_property):
     version = control.version()
     path = edited_expectations(tmp_path, version, invalid_mode_status=422,
                                request_while_paused={"abort": "503", "wait": "503", "keep": "503"})
     with ProxyThread(vllm_server.url, LATER_UPSTREAM) as proxy:
-        run = run_suite(proxy.url, model, TARGETS, tmp_path / "report", f"--vllm-expectations={path}")
+        run = run_suite(proxy.url, model, TARGETS, tmp_path / "report", f"--vllm-expectations={path}",
+                        rates=vllm_server.rates)
     rows = run.rows()
     assert run.code == 0, f"the server does what its entry says, yet the suite failed:\n{run.output[-3000:]}"
     for name in INVALID_ROWS:
@@ -118,11 +121,13 @@ def test_the_same_server_passes_once_its_versions_entry_says_422_and_503_and_the
                     + ", ".join(f"{n[:30]}: {rows[n]['verdict']}" for n in INVALID_ROWS[:1] + PAUSED_ROWS))
 
 
+@pytest.mark.usefixtures("rates")  # measured once here, passed to the inner run
 def test_the_real_server_fails_an_entry_that_expects_422_and_503_exactly_on_those_rows(
         vllm_server, model, control, tmp_path, record_property):
     path = edited_expectations(tmp_path, control.version(), invalid_mode_status=422,
                                request_while_paused={"abort": "503", "wait": "503", "keep": "503"})
-    run = run_suite(vllm_server.url, model, TARGETS, tmp_path / "report", f"--vllm-expectations={path}")
+    run = run_suite(vllm_server.url, model, TARGETS, tmp_path / "report", f"--vllm-expectations={path}",
+                    rates=vllm_server.rates)
     rows = run.rows()
     assert run.code == 1, f"exit {run.code}:\n{run.output[-3000:]}"
     for name in INVALID_ROWS:
