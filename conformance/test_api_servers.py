@@ -9,6 +9,8 @@ test_data_parallel.py, whose P0 lifecycle rows run through these two API servers
 mode the attached server is used if /server_info reports two or more API servers.
 """
 
+import time
+
 import pytest
 import requests
 
@@ -57,7 +59,8 @@ def test_requests_over_fresh_connections_are_all_held_while_paused_and_all_compl
     lifecycle.pause_ok(control, "keep")
     sent = [streams(lifecycle.PAUSED_PROMPT, budget.short_tokens, name=f"connection-{i + 1}")
             for i in range(CONNECTIONS)]  # each stream has a client, so a connection, of its own
-    seen = [lifecycle.observe_while_paused(s, budget) for s in sent]
+    window = time.monotonic() + budget.hold_s  # one hold window, watched for every request
+    seen = [lifecycle.observe_while_paused(s, budget, window) for s in sent]
     checks = [expected.check("request_while_paused", x, mode="keep") for x in seen]
     assert all(c.matches for c in checks), (
         f"requests sent while paused over {CONNECTIONS} fresh connections got {seen}; expected "
