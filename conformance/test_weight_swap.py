@@ -12,7 +12,7 @@ engine for both clear_cache runs, one fresh V2 engine for validation; conftest.p
 import pytest
 
 from fixtures import expectations as expectations_mod
-from fixtures.weight_swap import NOOP, assert_every_post_swap_token_matches, classify, report
+from fixtures.weight_swap import NOOP, assert_every_post_swap_token_matches, classify, report, span_mismatches
 
 AREA = "Tier 2 weight swap while generating"
 RUN_ORDER = 3  # last: it stops the shared server and launches its own engines
@@ -68,3 +68,22 @@ def test_weight_info_reports_the_version_committed_during_the_swap(swap_runs, re
         assert after == committed, (
             f"/weight_info reports {after!r} after the swap; the swap committed {committed!r} "
             f"(POST /update_weight_version while paused); before the swap it was {before!r}")
+
+
+@pytest.mark.parametrize("clear_cache", [True, False], ids=["clear_cache-true", "clear_cache-false"])
+def test_the_weight_version_spans_of_each_request_change_exactly_at_its_swap_index(
+        swap_runs, clear_cache, record_property):
+    """The off-policy bookkeeping of a real swap: on the surface that reports spans
+    (/inference/v1/generate), the request swapped mid-generation reports the version before
+    the swap up to its swap index and the committed one after (the tokens after it are the
+    ones checked against a fresh V2 engine above); a queued one reports only the committed one."""
+    run = swap_runs[clear_cache]
+    with_spans = [r for r in run.phase1.records if r.weight_versions is not None and r.kind != "finished"]
+    assert any(r.kind == "paused" for r in with_spans), (
+        f"test precondition: no request on a surface with spans was swapped mid-generation "
+        f"({[(r.prompt_id, r.surface, r.kind) for r in run.phase1.records]})")
+    problems = span_mismatches(run)
+    record_property("observed", "; ".join(f"{r.prompt_id} ({r.kind}, swap at {r.swap_index}): "
+                                          f"{[(x['version'], x['start'], x['end']) for x in r.weight_versions]}"
+                                          for r in with_spans))
+    assert not problems, f"{run.title}: " + "; ".join(problems)
