@@ -374,9 +374,10 @@ def _surface_of(item) -> str | None:
 @pytest.fixture
 def streams(request):
     """Factory for streaming requests (to the module's server, or to `server=`), on the test's
-    `surface` parameter if it has one, else on completions. At the end of the test every
-    server with an unfinished stream is resumed so held requests can finish, each stream gets
-    a bounded wait, and every client is closed."""
+    `surface` parameter if it has one, else on completions. At the end of the test an
+    unfinished stream's client disconnects and its server is paused with abort and resumed,
+    so nothing runs on into the next test; each stream gets a bounded wait to end, and every
+    client is closed."""
     made: list[StreamingCompletion] = []
     default_surface = _surface_of(request.node) or "completions"
 
