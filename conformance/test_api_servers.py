@@ -14,17 +14,18 @@ import time
 import pytest
 import requests
 
-from fixtures import lifecycle
-from fixtures.client import CONTROL_TIMEOUT
-from fixtures.server import PARALLEL_LAYOUT_ARGS, SERVE_LAUNCH_CMD
+from vllm_rl_conformance.fixtures import lifecycle
+from vllm_rl_conformance.fixtures.client import CONTROL_TIMEOUT
 
-AREA = "Several API servers"
-VLLM_SERVER_ARGS = PARALLEL_LAYOUT_ARGS
-VLLM_LAUNCH_CMD = SERVE_LAUNCH_CMD
-RUN_ORDER = 2  # shares the server of the dp modules
 CONNECTIONS = 8  # fresh connections per check: the chance all land on one of 2 front-ends is 1/128
 
-pytestmark = [pytest.mark.api_servers, pytest.mark.requires("api_servers"), pytest.mark.timeout(300)]
+pytestmark = [
+    pytest.mark.api_servers,
+    pytest.mark.requires("api_servers"),
+    pytest.mark.timeout(300),
+    pytest.mark.area("Several API servers"),
+    pytest.mark.layout("parallel"),
+]
 
 
 def is_paused_on_fresh_connections(url: str) -> list[object]:
@@ -40,9 +41,9 @@ def is_paused_on_fresh_connections(url: str) -> list[object]:
 @pytest.mark.parametrize("mode", ["abort", "wait", "keep"])
 def test_one_pause_is_seen_by_every_api_server_and_one_resume_releases_them_all(
         mode, control, vllm_server, record_property):
-    lifecycle.pause_ok(control, mode)
+    control.pause_ok(mode)
     paused = is_paused_on_fresh_connections(vllm_server.url)
-    control.ok("POST", "/resume")
+    control.resume_ok()
     resumed = is_paused_on_fresh_connections(vllm_server.url)
     record_property("observed", f"is_paused over {CONNECTIONS} fresh connections: after pause({mode}) {paused}, "
                                 f"after resume {resumed}")
@@ -56,7 +57,7 @@ def test_one_pause_is_seen_by_every_api_server_and_one_resume_releases_them_all(
 
 def test_requests_over_fresh_connections_are_all_held_while_paused_and_all_complete_after_resume(
         control, streams, budget, expected, record_property):
-    lifecycle.pause_ok(control, "keep")
+    control.pause_ok("keep")
     sent = [streams(lifecycle.PAUSED_PROMPT, budget.short_tokens, name=f"connection-{i + 1}")
             for i in range(CONNECTIONS)]  # each stream has a client, so a connection, of its own
     window = time.monotonic() + budget.hold_s  # one hold window, watched for every request
@@ -66,7 +67,7 @@ def test_requests_over_fresh_connections_are_all_held_while_paused_and_all_compl
         f"requests sent while paused over {CONNECTIONS} fresh connections got {seen}; expected "
         f"{checks[0].expected!r} for each ({expected.source('request_while_paused', 'keep')}): one reached a "
         f"front-end that did not hold it")
-    control.resume_unpaused()
+    control.resume_ok()
     for s, got in zip(sent, seen):
         lifecycle.complete_after_resume(streams, s if got == "queued" else None, budget, concurrent=CONNECTIONS)
     record_property("observed", f"{CONNECTIONS} requests over fresh connections while paused: {seen}; all completed "

@@ -9,10 +9,12 @@ What clear_cache does under mode=keep is a version-keyed expectation.
 
 import pytest
 
-from fixtures.client import complete, prompt_longer_than_a_cache_block
+from vllm_rl_conformance.fixtures.client import complete, prompt_longer_than_a_cache_block
 
-AREA = "P1 clear_cache golden and prefix cache"
-pytestmark = pytest.mark.requires("prefix_caching", "prompt_tokens_details")
+pytestmark = [
+    pytest.mark.requires("prefix_caching", "prompt_tokens_details"),
+    pytest.mark.area("P1 clear_cache golden and prefix cache"),
+]
 GOLDEN_TOKENS = 16
 
 

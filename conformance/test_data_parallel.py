@@ -10,15 +10,15 @@ or more.
 
 import pytest
 
-from fixtures import lifecycle
-from fixtures.server import PARALLEL_LAYOUT_ARGS, SERVE_LAUNCH_CMD
+from vllm_rl_conformance.fixtures import lifecycle
 
-AREA = "P0 mode request lifecycle, data-parallel 2"
-VLLM_SERVER_ARGS = PARALLEL_LAYOUT_ARGS
-VLLM_LAUNCH_CMD = SERVE_LAUNCH_CMD
-RUN_ORDER = 2  # after the modules sharing the default server: this one needs a server of its own
 
-pytestmark = [pytest.mark.dp, pytest.mark.requires("data_parallel")]
+pytestmark = [
+    pytest.mark.dp,
+    pytest.mark.requires("data_parallel"),
+    pytest.mark.area("P0 mode request lifecycle, data-parallel 2"),
+    pytest.mark.layout("parallel"),
+]
 
 
 def test_abort_under_data_parallel_ends_the_in_flight_request_and_queues_new_ones_until_resume(

@@ -13,17 +13,15 @@ from dataclasses import dataclass
 
 import pytest
 
-from fixtures import capabilities as capabilities_mod
-from fixtures import expectations as expectations_mod
-from fixtures import lifecycle
-from fixtures.client import Budget, ControlPlane, budget_of, engine_state, wait_until
-from fixtures.server import Server
+from vllm_rl_conformance.fixtures import capabilities as capabilities_mod
+from vllm_rl_conformance.fixtures import expectations as expectations_mod
+from vllm_rl_conformance.fixtures import lifecycle, plugin
+from vllm_rl_conformance.fixtures.client import Budget, ControlPlane, budget_of, engine_state, wait_until
+from vllm_rl_conformance.fixtures.server import Server
 
-AREA = "Fleet: several servers at once"
-RUN_ORDER = 1  # after the modules sharing the default server; adds a second server beside it
 MODES = ["abort", "wait", "keep"]
 
-pytestmark = pytest.mark.fleet
+pytestmark = [pytest.mark.fleet, pytest.mark.area("Fleet: several servers at once"), pytest.mark.order(1)]
 
 
 @dataclass
@@ -41,14 +39,17 @@ def fleet(settings, server_pool):
         if len(settings.urls) < 2:
             pytest.skip("capability missing: fleet: the fleet tests need two or more servers "
                         "(--vllm-url URL1,URL2 / VLLM_CONFORMANCE_URL)")
-        servers = [server_pool.get([])] + [server_pool.attach(u) for u in settings.urls[1:]]
+        if plugin.worker_count() > 1:
+            pytest.skip("the fleet tests pause every server at once, which would disturb the pytest-xdist "
+                        "workers certifying those servers meanwhile: run -m fleet without -n")
+        servers = [server_pool.get()] + [server_pool.attach(u) for u in settings.urls[1:]]
     else:  # the second server serves another model: a fleet need not be uniform
-        servers = [server_pool.get([]), server_pool.fast()]
+        servers = [server_pool.get(), server_pool.fast()]
     members = []
     for i, srv in enumerate(servers):
         control = ControlPlane(srv)
         capabilities_mod.require(srv, control, ["pause_routes"])
-        control.resume_unpaused()
+        control.resume_ok()
         members.append(Member(f"server-{i + 1} {srv.url}", srv, control, budget_of(srv, control)))
     return members
 
@@ -56,11 +57,11 @@ def fleet(settings, server_pool):
 @pytest.fixture(autouse=True)
 def _every_server_resumed(fleet):
     for m in fleet:
-        m.control.resume_unpaused()
+        m.control.resume_ok()
     yield
     for m in fleet:
         if m.server.dead_reason() is None:
-            m.control.ok("POST", "/resume")
+            m.control.resume_ok()
 
 
 @pytest.fixture

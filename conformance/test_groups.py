@@ -18,13 +18,12 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import pytest
 
-from fixtures import lifecycle
-from fixtures.client import SHORT_PROMPT, engine_state, request_once, wait_until
-from fixtures.surfaces import engine_request_id
+from vllm_rl_conformance.fixtures import lifecycle
+from vllm_rl_conformance.fixtures.client import SHORT_PROMPT, engine_state, request_once, wait_until
+from vllm_rl_conformance.fixtures.surfaces import engine_request_id
 
-AREA = "P0 request lifecycle, groups (n > 1)"
 GROUP = dict(n=4, temperature=1.0, seed=1234)
-pytestmark = [pytest.mark.p0, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.p0, pytest.mark.timeout(300), pytest.mark.area("P0 request lifecycle, groups (n > 1)")]
 
 
 @pytest.fixture
@@ -92,13 +91,13 @@ def test_abort_ends_every_sample_of_a_non_streamed_group_with_finish_reason_abor
         with ThreadPoolExecutor(max_workers=1) as pool:
             answer, request_id = send_group(pool, vllm_server, budget, tokens)
             wait_generating(control, budget, before)
-            took = lifecycle.pause_ok(control, "abort")
+            took = control.pause_ok("abort")
             done_before = lifecycle.finished_normally(before, engine_state(control))
             group = answer_within(answer, request_id, budget.finish_s(tokens) if done_before else budget.settle_s,
                                   control, "pause(abort) returned")
         if not done_before:
             return group, None
-        control.resume_unpaused()
+        control.resume_ok()
         return group, (f"pause(abort) answered after {took:.2f} s; the engine had finished {done_before:g} "
                        f"samples normally ({group.describe()})")
 
@@ -106,7 +105,7 @@ def test_abort_ends_every_sample_of_a_non_streamed_group_with_finish_reason_abor
     assert group.finish_reason == "abort" and all(0 < k < tokens for k in group.sample_tokens), (
         f"a non-streamed group of {GROUP['n']} in flight at pause(abort) answered {group.describe()}; "
         f"expected every sample to end with finish_reason 'abort' and its partial tokens (1..{tokens - 1})")
-    control.resume_unpaused()
+    control.resume_ok()
     drained = lifecycle.assert_engine_drains(control, budget)
     record_property("observed", f"{group.describe()}; {drained}" + lifecycle.void_note(void))
 
@@ -119,7 +118,7 @@ def test_wait_returns_once_every_sample_of_a_non_streamed_group_has_finished(
         before = engine_state(control)
         answer, request_id = send_group(pool, vllm_server, budget, tokens)
         wait_generating(control, budget, before)
-        took = lifecycle.pause_ok(control, "wait", timeout=budget.finish_s(tokens, concurrent=GROUP["n"]))
+        took = control.pause_ok("wait", timeout=budget.finish_s(tokens, concurrent=GROUP["n"]))
         state = engine_state(control)
         group = answer_within(answer, request_id, budget.settle_s, control, "pause(wait) returned")
     assert state.counts == (0, 0), (
@@ -139,7 +138,7 @@ def test_keep_holds_a_non_streamed_group_without_progress_and_resume_completes_e
         before = engine_state(control)
         answer, request_id = send_group(pool, vllm_server, budget, tokens)
         wait_generating(control, budget, before)
-        lifecycle.pause_ok(control, "keep")
+        control.pause_ok("keep")
         frozen = engine_state(control)
         time.sleep(budget.hold_s)  # observation window: nothing may be generated or answered
         later = engine_state(control)
@@ -148,7 +147,7 @@ def test_keep_holds_a_non_streamed_group_without_progress_and_resume_completes_e
                                                       else f"kept generating: {(later - frozen).generated:g} tokens "
                                                            f"in {budget.hold_s:.2f} s"))
         held = later.running + later.waiting
-        control.resume_unpaused()
+        control.resume_ok()
         group = answer_within(answer, request_id, budget.finish_s(tokens, concurrent=GROUP["n"]), control, "resume")
     assert group.finish_reason == "length" and all(k == tokens for k in group.sample_tokens), (
         f"a non-streamed group held by keep answered {group.describe()} after resume; expected every sample "

@@ -16,15 +16,19 @@ import time
 
 import pytest
 
-from fixtures import lifecycle
-from fixtures.client import SHORT_PROMPT, Budget, Rates, make_budget
+from vllm_rl_conformance.fixtures import lifecycle
+from vllm_rl_conformance.fixtures.client import SHORT_PROMPT, Budget, Rates, make_budget
 
-AREA = "P0 mode request lifecycle, in-process AsyncLLM"
-RUN_ORDER = 3  # after every module that shares an HTTP server: it stops them and builds its own engine
 CALL_TIMEOUT = 60.0  # seconds for one call into the actor
 ENGINE_ARGS = dict(dtype="float32", enforce_eager=True, max_model_len=4096, kv_cache_memory_bytes=268435456,
                    enable_prefix_caching=True)
-pytestmark = [pytest.mark.p0, pytest.mark.timeout(300), pytest.mark.parametrize("surface", ["asyncllm"])]
+pytestmark = [
+    pytest.mark.p0,
+    pytest.mark.timeout(300),
+    pytest.mark.parametrize("surface", ["asyncllm"]),
+    pytest.mark.area("P0 mode request lifecycle, in-process AsyncLLM"),
+    pytest.mark.order(3),
+]
 
 
 class Engine:
@@ -88,9 +92,9 @@ def engine(settings, server_pool, tmp_path_factory):
     import ray
     from transformers import AutoTokenizer
 
-    from fixtures import model_builder
-    from fixtures.inprocess_engine import lifecycle_engine_actor
-    from fixtures.trainer import ray_session
+    from vllm_rl_conformance.fixtures import model_builder
+    from vllm_rl_conformance.fixtures.inprocess_engine import lifecycle_engine_actor
+    from vllm_rl_conformance.fixtures.trainer import ray_session
 
     server_pool.stop_all()  # one busy CPU engine at a time
     model = settings.model or str(model_builder.ensure("v1"))

@@ -7,8 +7,10 @@ framework wording is never matched.
 
 import pytest
 
-AREA = "P0 invalid mode preserves state"
 INVALID_MODE = "not-a-mode"
+
+
+pytestmark = [pytest.mark.area("P0 invalid mode preserves state")]
 
 
 def error_locates_param(body, name: str) -> bool:

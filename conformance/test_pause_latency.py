@@ -7,12 +7,11 @@ import time
 
 import pytest
 
-from fixtures import lifecycle
-from fixtures.client import SHORT_PROMPT, cpu_wait_s, engine_state
+from vllm_rl_conformance.fixtures import lifecycle
+from vllm_rl_conformance.fixtures.client import SHORT_PROMPT, cpu_wait_s, engine_state
 
-AREA = "Regression: pause latency"
 # 20 cycles of 8 new streams each: ~6 s here, bounded above pytest.ini's 120 s for slow servers.
-pytestmark = [pytest.mark.regression, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.regression, pytest.mark.timeout(300), pytest.mark.area("Regression: pause latency")]
 STREAMS = 8
 CYCLES = 20
 
@@ -36,7 +35,7 @@ def figures(mode, latencies, bound):
 def timed_pause(control, mode, bound, latencies, cpu_waits):
     """pause(mode), timed, with how long this thread waited for a CPU meanwhile."""
     before = cpu_wait_s()
-    latencies.append(lifecycle.pause_ok(control, mode, timeout=bound + 5))
+    latencies.append(control.pause_ok(mode, timeout=bound + 5))
     after = cpu_wait_s()
     cpu_waits.append(None if before is None or after is None else after - before)
 
@@ -84,9 +83,9 @@ def test_pause_keep_returns_within_the_bound_with_8_streams_in_flight_over_20_cy
         running = eight_in_flight(streams, running, tokens, budget, "stream")
         timed_pause(control, "keep", bound, latencies, cpu_waits)
         assert_within("keep", latencies, cpu_waits, bound)  # at once: a slow server fails in its first slow cycle
-        control.ok("POST", "/resume")
+        control.resume_ok()
     record_property("observed", figures("keep", latencies, bound))
-    lifecycle.pause_ok(control, "abort")  # end the long streams now rather than wait for them
+    control.pause_ok("abort")  # end the long streams now rather than wait for them
 
 
 def test_pause_abort_returns_within_the_bound_with_8_streams_in_flight_over_20_cycles(
@@ -103,7 +102,7 @@ def test_pause_abort_returns_within_the_bound_with_8_streams_in_flight_over_20_c
         _, finished = lifecycle.assert_aborted_unless_finished_before(
             batch, done_before, budget, cause=f"after pause(abort) in cycle {cycle + 1}")
         finished_first += len(finished)
-        control.ok("POST", "/resume")
+        control.resume_ok()
     if finished_first == STREAMS * CYCLES:
         lifecycle.fail_all_void("pause(abort)", [f"all {STREAMS} streams of each of {CYCLES} cycles"])
     record_property("observed", figures("abort", latencies, bound)

@@ -2,8 +2,10 @@
 
 import pytest
 
-AREA = "P0 state and idempotency"
 MODES = ["abort", "wait", "keep"]
+
+
+pytestmark = [pytest.mark.area("P0 state and idempotency")]
 
 
 def _expect_200(response, what: str) -> None:

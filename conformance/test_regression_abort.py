@@ -15,13 +15,17 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import pytest
 
-from fixtures import lifecycle
-from fixtures.client import SHORT_PROMPT, engine_state, request_once, wait_until
-from fixtures.surfaces import HTTP_SURFACES, engine_request_id
+from vllm_rl_conformance.fixtures import lifecycle
+from vllm_rl_conformance.fixtures.client import SHORT_PROMPT, engine_state, request_once, wait_until
+from vllm_rl_conformance.fixtures.surfaces import HTTP_SURFACES, engine_request_id
 
-AREA = "Regression: abort delivery"
 # Bound: up to VOID_TRIALS trials of requests as long as the context allows.
-pytestmark = [pytest.mark.regression, pytest.mark.requires("metrics"), pytest.mark.timeout(300)]
+pytestmark = [
+    pytest.mark.regression,
+    pytest.mark.requires("metrics"),
+    pytest.mark.timeout(300),
+    pytest.mark.area("Regression: abort delivery"),
+]
 
 
 def wait_for_engine(control, budget, what, ok):
@@ -116,12 +120,12 @@ def test_pause_abort_ends_a_non_streaming_request_with_finish_reason_abort_and_i
                                 surface, request_id)
             wait_for_engine(control, budget, "a few tokens generated",
                             lambda state: (state - before).generated >= 2)
-            took = lifecycle.pause_ok(control, "abort")
+            took = control.pause_ok("abort")
             done_before = lifecycle.finished_normally(before, engine_state(control))
             c = result_or_fail(plain, budget.settle_s, "the non-streaming client", control, surface, request_id)
         if not (done_before and c.complete_in_full()):
             return c, None
-        control.resume_unpaused()
+        control.resume_ok()
         return c, f"pause(abort) answered after {took:.2f} s; the engine had finished the request normally ({c.describe()})"
 
     c, void = lifecycle.until_not_void(trial, "pause(abort)")

@@ -12,23 +12,22 @@ import time
 
 import pytest
 
-from fixtures import lifecycle
-from fixtures.client import engine_state
-from fixtures.server import PARALLEL_LAYOUT_ARGS, SERVE_LAUNCH_CMD
+from vllm_rl_conformance.fixtures import lifecycle
+from vllm_rl_conformance.fixtures.client import engine_state
 
-AREA = "Regression: data-parallel drain"
-VLLM_SERVER_ARGS = PARALLEL_LAYOUT_ARGS
-VLLM_LAUNCH_CMD = SERVE_LAUNCH_CMD
-RUN_ORDER = 2  # shares the DP server of test_data_parallel.py
-pytestmark = [pytest.mark.regression, pytest.mark.dp, pytest.mark.requires("data_parallel")]
+pytestmark = [
+    pytest.mark.regression,
+    pytest.mark.dp,
+    pytest.mark.requires("data_parallel"),
+    pytest.mark.area("Regression: data-parallel drain"),
+    pytest.mark.layout("parallel"),
+]
 
 
-def timed(control, what, method, path, bound, **kw):
+def timed(what, call):
     t0 = time.monotonic()
-    r = control.call(method, path, timeout=bound, **kw)
-    took = time.monotonic() - t0
-    assert r.status_code == 200, f"{what} answered {r.status_code} after {took:.2f} s: {r.text[:200]}"
-    return f"{what} {took * 1000:.0f} ms"
+    call()
+    return f"{what} {(time.monotonic() - t0) * 1000:.0f} ms"
 
 
 def fate(stream, budget) -> str:
@@ -48,7 +47,7 @@ def test_a_request_sent_during_a_pause_never_blocks_later_pauses_and_completes_a
     in_flight = lifecycle.start_all_in_flight(streams, budget, ["in-flight-0", "in-flight-1"], budget.abort_tokens)
     engine = engine_state(control)
     sent_at = lifecycle.tokens_of(in_flight)
-    log = [timed(control, "pause(abort)", "POST", "/pause", bound, params={"mode": "abort"})]
+    log = [timed("pause(abort)", lambda: control.pause_ok("abort", timeout=bound))]
     done_before = lifecycle.finished_normally(before, engine_state(control))
     timing = (f"pause(abort) sent at tokens {sent_at}, answered at {lifecycle.tokens_of(in_flight)}; "
               f"the engine reported {'no /metrics' if engine is None else engine.describe()} just before it")
@@ -58,9 +57,9 @@ def test_a_request_sent_during_a_pause_never_blocks_later_pauses_and_completes_a
     aborted_at = lifecycle.tokens_of(in_flight)
     late, seen = lifecycle.send_while_paused(control, streams, budget, expected, "abort", name="late")
     for mode in ("wait", "keep"):  # the drain that timed out in the field, then a keep on top
-        log.append(timed(control, f"pause({mode}) again", "POST", "/pause", bound, params={"mode": mode}))
+        log.append(timed(f"pause({mode}) again", lambda: control.pause_ok(mode, timeout=bound)))
         assert control.is_paused() is True, f"is_paused is false after pause({mode}) with a late request queued"
-    log.append(timed(control, "resume", "POST", "/resume", bound))
+    log.append(timed("resume", control.resume_ok))
     lifecycle.complete_after_resume(streams, late, budget)
     assert lifecycle.tokens_of(in_flight) == aborted_at, (
         f"the aborted requests delivered more tokens after resume: {aborted_at} -> {lifecycle.tokens_of(in_flight)}")
@@ -73,15 +72,15 @@ def test_a_request_sent_during_a_pause_never_blocks_later_pauses_and_completes_a
 def test_a_second_abort_or_a_sleep_during_a_pause_returns_in_bounded_time_and_its_effect_on_a_queued_request_follows_the_version_expectation(
         control, streams, budget, expected, action, record_property):
     bound = budget.settle_s
-    log = [timed(control, "pause(abort)", "POST", "/pause", bound, params={"mode": "abort"})]
+    log = [timed("pause(abort)", lambda: control.pause_ok("abort", timeout=bound))]
     late, seen = lifecycle.send_while_paused(control, streams, budget, expected, "abort", name="late")
     if action == "pause-abort-again":
-        log.append(timed(control, "pause(abort) again", "POST", "/pause", bound, params={"mode": "abort"}))
+        log.append(timed("pause(abort) again", lambda: control.pause_ok("abort", timeout=bound)))
     else:
-        log.append(timed(control, "sleep", "POST", "/sleep", bound, params={"level": "1"}))
-        log.append(timed(control, "wake_up", "POST", "/wake_up", bound))
+        log.append(timed("sleep", lambda: control.ok("POST", "/sleep", timeout=bound, params={"level": "1"})))
+        log.append(timed("wake_up", lambda: control.ok("POST", "/wake_up", timeout=bound)))
     got = fate(late, budget) if late is not None else seen
-    log.append(timed(control, "resume", "POST", "/resume", bound))
+    log.append(timed("resume", control.resume_ok))
     if got == "queued":
         lifecycle.complete_after_resume(streams, late, budget)
     record_property("observed", ", ".join(log) + f" (bound {bound:.1f} s each); the queued request: {got}")

@@ -11,11 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from fixtures import lifecycle
-from fixtures.client import SHORT_PROMPT, ControlPlane
+from vllm_rl_conformance.fixtures import lifecycle
+from vllm_rl_conformance.fixtures.client import SHORT_PROMPT, ControlPlane
 
-AREA = "Regression: racing pause and resume"
-pytestmark = pytest.mark.regression
+pytestmark = [pytest.mark.regression, pytest.mark.area("Regression: racing pause and resume")]
 WAVE = 4  # requests sent at the moment of the race
 
 
@@ -41,7 +40,7 @@ def own_control(server, bound):
 def test_two_resumes_racing_with_a_wave_of_new_requests_both_return_and_every_request_completes(
         control, streams, budget, vllm_server, expected, record_property):
     in_flight = lifecycle.start_all_in_flight(streams, budget, ["in-flight-0", "in-flight-1"])
-    lifecycle.pause_ok(control, "keep")
+    control.pause_ok("keep")
     held, seen = lifecycle.send_while_paused(control, streams, budget, expected, "keep", name="held")
     bound = budget.settle_s
     wave = []
@@ -70,7 +69,7 @@ def test_two_pauses_racing_both_return_and_every_request_ends(
     for m, (r, took) in zip(modes, results):
         assert r.status_code == 200, f"racing pause(mode={m}) answered {r.status_code} after {took:.2f} s: {r.text[:200]}"
     assert control.is_paused() is True, f"is_paused is false after racing pauses {modes} both answered 200"
-    control.resume_unpaused()
+    control.resume_ok()
     ended = []
     for s in in_flight:
         s.join(budget.finish_s(concurrent=2))

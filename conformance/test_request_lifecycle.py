@@ -13,13 +13,16 @@ import time
 
 import pytest
 
-from fixtures import lifecycle
-from fixtures.client import SHORT_PROMPT
-from fixtures.surfaces import HTTP_SURFACES
+from vllm_rl_conformance.fixtures import lifecycle
+from vllm_rl_conformance.fixtures.client import SHORT_PROMPT
+from vllm_rl_conformance.fixtures.surfaces import HTTP_SURFACES
 
-AREA = "P0 mode request lifecycle"
 # Bound: a row may need up to lifecycle.VOID_TRIALS trials on a server that outruns its client.
-pytestmark = [pytest.mark.timeout(300), pytest.mark.parametrize("surface", HTTP_SURFACES)]
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.parametrize("surface", HTTP_SURFACES),
+    pytest.mark.area("P0 mode request lifecycle"),
+]
 
 
 @pytest.mark.p0
@@ -47,7 +50,7 @@ def test_keep_then_resume_delivers_exactly_the_tokens_and_logprobs_of_an_uninter
     s, frozen_at, trials = lifecycle.pause_keep_while_in_flight(control, streams, budget, clear_cache,
                                                                 name="keep-paused", logprobs=True)
     time.sleep(budget.hold_s)  # the request sits paused for a while before resuming
-    control.resume_unpaused()
+    control.resume_ok()
     lifecycle.assert_completed(s, budget, s.max_tokens)
     reference = streams(SHORT_PROMPT, s.max_tokens, name="uninterrupted", logprobs=True)
     lifecycle.assert_completed(reference, budget, s.max_tokens)

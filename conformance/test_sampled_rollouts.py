@@ -11,12 +11,11 @@ import time
 
 import pytest
 
-from fixtures import lifecycle
-from fixtures.client import SHORT_PROMPT
+from vllm_rl_conformance.fixtures import lifecycle
+from vllm_rl_conformance.fixtures.client import SHORT_PROMPT
 
-AREA = "Sampled rollouts across keep"
 SAMPLED = dict(temperature=1.0, seed=20261130, logprobs=True)
-pytestmark = [pytest.mark.p1, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.p1, pytest.mark.timeout(300), pytest.mark.area("Sampled rollouts across keep")]
 
 
 @pytest.mark.parametrize("clear_cache", [False, True], ids=["clear_cache-false", "clear_cache-true"])
@@ -25,7 +24,7 @@ def test_a_seeded_sampled_rollout_kept_across_a_pause_continues_as_the_version_e
     s, frozen_at, trials = lifecycle.pause_keep_while_in_flight(control, streams, budget, clear_cache,
                                                                 name="sampled-kept", **SAMPLED)
     time.sleep(budget.hold_s)  # the request sits paused for a while before resuming
-    control.resume_unpaused()
+    control.resume_ok()
     lifecycle.assert_completed(s, budget, s.max_tokens)
     reference = streams(SHORT_PROMPT, s.max_tokens, name="sampled-uninterrupted", **SAMPLED)
     lifecycle.assert_completed(reference, budget, s.max_tokens)

@@ -15,13 +15,11 @@ import json
 
 import pytest
 
-from fixtures import model_builder
-from fixtures.weight_swap import (MAX_TOKENS, PROMPTS, TRIGGER_TOKENS, Phase1Result, SwapRecord, SwapRun,
+from vllm_rl_conformance.fixtures import model_builder
+from vllm_rl_conformance.fixtures.weight_swap import (MAX_TOKENS, PROMPTS, TRIGGER_TOKENS, Phase1Result, SwapRecord, SwapRun,
                                   assert_every_post_swap_token_matches, compare, fresh_reference, swap_experiment)
 
-AREA = "Tier 2 weight swap on GPUs"
-RUN_ORDER = 3
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.area("Tier 2 weight swap on GPUs"), pytest.mark.order(3)]
 
 ENGINE_ENV = {"VLLM_BATCH_INVARIANT": "1", "CUDA_VISIBLE_DEVICES": "1"}  # the trainer has GPU 0
 TRANSFER_ARGS = ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
@@ -57,7 +55,7 @@ def test_http_form_every_post_swap_token_equals_a_fresh_v2_engine_and_weight_inf
         two_gpus, models, server_pool, note, record_property):
     import ray
 
-    from fixtures.trainer import Trainer, WeightSyncSwap, ray_session
+    from vllm_rl_conformance.fixtures.trainer import Trainer, WeightSyncSwap, ray_session
 
     v1, v2 = models
     server_pool.stop_all()
@@ -91,8 +89,8 @@ def test_in_process_form_every_post_swap_token_equals_a_fresh_v2_engine(two_gpus
     import ray
     from transformers import AutoTokenizer
 
-    from fixtures.inprocess_engine import swap_engine_actor
-    from fixtures.trainer import Trainer, WeightSyncSwap, ray_session
+    from vllm_rl_conformance.fixtures.inprocess_engine import swap_engine_actor
+    from vllm_rl_conformance.fixtures.trainer import Trainer, WeightSyncSwap, ray_session
 
     v1, v2 = models
     server_pool.stop_all()

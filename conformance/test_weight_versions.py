@@ -12,10 +12,14 @@ import uuid
 
 import pytest
 
-from fixtures import lifecycle
+from vllm_rl_conformance.fixtures import lifecycle
 
-AREA = "Weight-version accounting"
-pytestmark = [pytest.mark.p0, pytest.mark.timeout(300), pytest.mark.parametrize("surface", ["generate"])]
+pytestmark = [
+    pytest.mark.p0,
+    pytest.mark.timeout(300),
+    pytest.mark.parametrize("surface", ["generate"]),
+    pytest.mark.area("Weight-version accounting"),
+]
 
 
 def span_problems(spans, n: int) -> list[str]:
@@ -41,7 +45,7 @@ def test_a_request_kept_across_a_committed_weight_version_reports_spans_that_cha
     control.ok("POST", "/update_weight_version", json={"new_version": committed})
     assert control.weight_version() == committed, (
         f"/weight_info reports {control.weight_version()!r} after /update_weight_version {committed!r}")
-    control.resume_unpaused()
+    control.resume_ok()
     lifecycle.assert_completed(s, budget, s.max_tokens)
 
     spans = s.samples[0].weight_versions

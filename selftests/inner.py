@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -14,6 +15,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 INNER_BOUND_S = 120  # a targeted inner run must end well within this
+# What a copy of the suite leaves out (vendoring, building a wheel).
+COPY_IGNORED = shutil.ignore_patterns(".git", ".venv*", ".cache", "reports", "__pycache__", "*.pyc", "build", "dist",
+                                      "*.egg-info")
 
 
 @dataclass
@@ -39,14 +43,16 @@ class InnerRun:
 
 def run_suite(url: str, model: str, targets: list[str], report_dir: Path, *extra: str,
               cwd: Path = ROOT, bound: float = INNER_BOUND_S, python_flags: tuple[str, ...] = (),
-              rates=None) -> InnerRun:
+              rates=None, python: str = sys.executable) -> InnerRun:
     """`rates`: the outer run's measurement of the server behind `url` (client.Rates), passed
-    on so the inner run need not measure again."""
+    on so the inner run need not measure again. `url` None: launch mode."""
     if rates is not None:
         extra = (f"--vllm-rates={rates.ttft_s},{rates.tokens_per_s}"
                  + (f",{rates.engine_tokens_per_s}" if rates.engine_tokens_per_s else ""), *extra)
-    cmd = [sys.executable, *python_flags, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--vllm-url={url}",
-           f"--vllm-model={model}", f"--vllm-report-dir={report_dir}", "--timeout=90", *extra, *targets]
+    target = [f"--vllm-url={url}"] if url else []
+    cmd = [python, *python_flags, "-m", "pytest", "-q", "-p", "no:cacheprovider", *target,
+           *([f"--vllm-model={model}"] if model else []), f"--vllm-report-dir={report_dir}", "--timeout=90",
+           *extra, *targets]
     # Settings come from options only: the outer run's environment must not leak in.
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_CONFORMANCE_")}
     env["COLUMNS"] = "400"  # pytest cuts the "FAILED test - message" line to the terminal width
@@ -86,13 +92,13 @@ def short_finding(failed_line: str) -> str:
 
 
 def check_break(server, breakage: str, target: str, message: str | None, report_dir: Path,
-                record_property) -> InnerRun:
+                record_property, *extra: str) -> InnerRun:
     """Runs `target` in attach mode against a proxy in front of `server` that breaks
     `breakage`: it must fail with `message`, or, with message None (the unbroken proxy), pass."""
-    from selftests.broken_server import ProxyThread
+    from vllm_rl_conformance.selftests.broken_server import ProxyThread
 
     with ProxyThread(server.url, breakage) as proxy:
-        run = run_suite(proxy.url, server.model, [target], report_dir, rates=server.rates)
+        run = run_suite(proxy.url, server.model, [target], report_dir, *extra, rates=server.rates)
     record_property("observed", finding(run, breakage))
     if message is None:
         assert_no_false_failure(run)

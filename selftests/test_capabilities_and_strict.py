@@ -1,16 +1,15 @@
-"""The capability probe, skips that name the missing capability, and certified runs:
-against a server without the pause routes (started without VLLM_SERVER_DEV_MODE=1) the P0
-tests are skipped saying so; with --strict (or VLLM_CONFORMANCE_STRICT=1) those skips fail
-the run, as in Kubernetes conformance."""
+"""The capability probe, skips that say what is missing, and certified runs: with --strict
+(or VLLM_CONFORMANCE_STRICT=1) a skipped P0 row on a surface the run claims fails the run, as
+in Kubernetes conformance. (A server without the pause routes is a bad target: see
+test_bad_targets.py.)"""
 
 import pytest
 
-from selftests.broken_server import ProxyThread
-from selftests.inner import run_suite
+from vllm_rl_conformance.selftests.inner import run_suite
 
 pytestmark = pytest.mark.selftest
 
-STATE = "conformance/test_pause_state.py"
+INPROCESS = "conformance/test_inprocess_engine.py"
 
 
 def test_the_probe_reports_what_the_embedded_server_offers(capabilities, settings, record_property):
@@ -23,17 +22,17 @@ def test_the_probe_reports_what_the_embedded_server_offers(capabilities, setting
     assert c.weight_transfer is False, f"the embedded server has no --weight-transfer-config, probe says {c}"
 
 
-def test_without_pause_routes_p0_tests_skip_naming_the_capability_and_strict_turns_the_skips_into_failures(
+def test_rows_on_a_surface_the_run_cannot_offer_skip_naming_why_and_strict_turns_the_claimed_ones_into_failures(
         vllm_server, model, tmp_path, record_property):
-    with ProxyThread(vllm_server.url, "no-pause-routes") as proxy:
-        plain = run_suite(proxy.url, model, [STATE], tmp_path / "plain")
-        strict = run_suite(proxy.url, model, [STATE], tmp_path / "strict", "--strict")
+    """Attach mode has no in-process engine: the asyncllm rows skip. A run that claims asyncllm
+    (--vllm-surfaces) and is --strict fails them."""
+    plain = run_suite(vllm_server.url, model, [INPROCESS], tmp_path / "plain", "--vllm-surfaces=asyncllm")
+    strict = run_suite(vllm_server.url, model, [INPROCESS], tmp_path / "strict", "--vllm-surfaces=asyncllm",
+                       "--strict")
     rows = plain.report()["rows"]
     assert plain.code == 0 and rows and all(r["verdict"] == "skipped" for r in rows), (
         f"exit {plain.code}, rows {[(r['row'], r['verdict']) for r in rows]}:\n{plain.output[-2000:]}")
-    assert all("capability missing: pause_routes" in r["reason"] for r in rows), [r["reason"] for r in rows]
-    caps = plain.report()["servers"][0]["capabilities"]
-    assert caps["pause_routes"] is False and caps["dev_mode_routes"] is False, caps
+    assert all("in-process" in r["reason"] for r in rows), [r["reason"] for r in rows]
 
     srows = strict.report()["rows"]
     assert strict.code == 1 and srows and all(r["verdict"] == "fail" for r in srows), (

@@ -11,12 +11,12 @@ after each case.
 
 import pytest
 
-from fixtures import model_builder
-from fixtures.client import ControlPlane, prompt_longer_than_a_cache_block
-from fixtures.server import Server
-from fixtures.weight_swap import WARM_ANSWER_TOKENS, check_swap_recomputes_a_warm_prefix
-from selftests.broken_server import ProxyThread
-from selftests.inner import assert_no_false_failure, check_break, run_suite
+from vllm_rl_conformance.fixtures import model_builder
+from vllm_rl_conformance.fixtures.client import ControlPlane, prompt_longer_than_a_cache_block
+from vllm_rl_conformance.fixtures.server import Server
+from vllm_rl_conformance.fixtures.weight_swap import WARM_ANSWER_TOKENS, check_swap_recomputes_a_warm_prefix
+from vllm_rl_conformance.selftests.broken_server import ProxyThread
+from vllm_rl_conformance.selftests.inner import assert_no_false_failure, check_break, run_suite
 
 # The outer run measures the server once; each inner run gets those rates (--vllm-rates).
 pytestmark = [pytest.mark.selftest, pytest.mark.usefixtures("rates")]

@@ -5,14 +5,15 @@ say so. The transparent proxy passes the same test."""
 
 import pytest
 
-from fixtures.server import PARALLEL_LAYOUT_ARGS, SERVE_LAUNCH_CMD
-from selftests.inner import check_break
+from vllm_rl_conformance.selftests.inner import check_break
 
-VLLM_SERVER_ARGS = PARALLEL_LAYOUT_ARGS
-VLLM_LAUNCH_CMD = SERVE_LAUNCH_CMD
-RUN_ORDER = 2  # shares the server of conformance/test_api_servers.py
 # The outer run measures the server once; each inner run gets those rates (--vllm-rates).
-pytestmark = [pytest.mark.selftest, pytest.mark.requires("api_servers"), pytest.mark.usefixtures("rates")]
+pytestmark = [
+    pytest.mark.selftest,
+    pytest.mark.requires("api_servers"),
+    pytest.mark.usefixtures("rates"),
+    pytest.mark.layout("parallel"),
+]
 
 EVERY_FRONT_END = ("conformance/test_api_servers.py::test_one_pause_is_seen_by_every_api_server_and_one_resume_"
                    "releases_them_all[keep]")

@@ -5,14 +5,15 @@ The transparent proxy passes the same test."""
 
 import pytest
 
-from fixtures.server import PARALLEL_LAYOUT_ARGS, SERVE_LAUNCH_CMD
-from selftests.inner import check_break
+from vllm_rl_conformance.selftests.inner import check_break
 
-VLLM_SERVER_ARGS = PARALLEL_LAYOUT_ARGS
-VLLM_LAUNCH_CMD = SERVE_LAUNCH_CMD
-RUN_ORDER = 2  # shares the DP server of the dp modules
 # The outer run measures the server once; each inner run gets those rates (--vllm-rates).
-pytestmark = [pytest.mark.selftest, pytest.mark.requires("data_parallel"), pytest.mark.usefixtures("rates")]
+pytestmark = [
+    pytest.mark.selftest,
+    pytest.mark.requires("data_parallel"),
+    pytest.mark.usefixtures("rates"),
+    pytest.mark.layout("parallel"),
+]
 
 DRAIN = ("conformance/test_regression_dp_drain.py::test_a_request_sent_during_a_pause_never_blocks_later_pauses_"
          "and_completes_after_resume")

@@ -13,9 +13,9 @@ import json
 
 import pytest
 
-from fixtures import expectations
-from selftests.broken_server import ProxyThread
-from selftests.inner import run_suite
+from vllm_rl_conformance.fixtures import expectations
+from vllm_rl_conformance.selftests.broken_server import ProxyThread
+from vllm_rl_conformance.selftests.inner import run_suite
 
 pytestmark = pytest.mark.selftest
 

@@ -4,11 +4,10 @@ changes nothing must make tier 2 fail with a per-request mismatch report."""
 
 import pytest
 
-from fixtures.weight_swap import (NOOP, SwapRecord, Verdict, assert_every_post_swap_token_matches, classify,
+from vllm_rl_conformance.fixtures.weight_swap import (NOOP, SwapRecord, Verdict, assert_every_post_swap_token_matches, classify,
                                   compare, pass_rate, report)
 
-RUN_ORDER = 3  # its last test uses the tier-2 experiment (conftest.py cpu_swap_runs), which runs last
-pytestmark = pytest.mark.selftest
+pytestmark = [pytest.mark.selftest, pytest.mark.order(3)]
 
 
 def record(pid, swap_index, tokens):

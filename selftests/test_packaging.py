@@ -1,0 +1,83 @@
+"""Installed, not copied: the suite built as a wheel and installed with its attach-mode
+dependencies only (no vLLM, torch or Ray) into a fresh virtual environment. There its plugin
+stays out of an unrelated pytest run, and `pytest --pyargs vllm_rl_conformance` runs the P0
+rows against a running server."""
+
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from vllm_rl_conformance.selftests.inner import COPY_IGNORED, ROOT, run_suite
+
+pytestmark = [pytest.mark.selftest, pytest.mark.timeout(900)]
+
+INSTALL_BOUND_S = 300
+
+
+def run(cmd, cwd=None, bound=INSTALL_BOUND_S) -> subprocess.CompletedProcess:
+    done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=bound, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, f"{' '.join(map(str, cmd))} failed ({done.returncode}):\n{done.stdout[-2000:]}" \
+                                 f"\n{done.stderr[-2000:]}"
+    return done
+
+
+def size_mb(path) -> float:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink()) / 2**20
+
+
+@pytest.fixture(scope="module")
+def attach_venv(tmp_path_factory):
+    """A fresh virtual environment with the suite's wheel and attach mode's dependencies, pinned
+    by requirements-lock.txt; yields (its python, what installing it cost)."""
+    base = tmp_path_factory.mktemp("packaging")
+    source, dist, venv = base / "source", base / "dist", base / "venv"
+    shutil.copytree(ROOT, source, ignore=COPY_IGNORED)  # the build writes into its source tree
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", dist, source])
+    wheel = next(dist.glob("vllm_rl_conformance-*.whl"))
+    t0 = time.monotonic()
+    run([sys.executable, "-m", "venv", venv])
+    python = venv / "bin" / "python"
+    run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", wheel, "-c",
+         ROOT / "requirements-lock.txt"])
+    cost = f"wheel {wheel.name} ({wheel.stat().st_size / 1024:.0f} KiB); fresh venv + install " \
+           f"{time.monotonic() - t0:.0f} s, {size_mb(venv):.0f} MB"
+    yield python, cost
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_the_attach_install_has_no_vllm_torch_or_ray(attach_venv, record_property):
+    python, cost = attach_venv
+    found = run([python, "-c", "import importlib.util as u; "
+                               "print([m for m in ('vllm', 'torch', 'ray') if u.find_spec(m)])"]).stdout.strip()
+    record_property("observed", f"{cost}; of vllm, torch, ray installed: {found}")
+    assert found == "[]", f"the attach-mode install pulled in {found}"
+
+
+def test_installed_the_plugin_stays_out_of_a_run_that_does_not_ask_for_it(attach_venv, tmp_path, record_property):
+    python, _ = attach_venv
+    (tmp_path / "test_unrelated.py").write_text("def test_unrelated():\n    assert True\n")
+    done = run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_unrelated.py"], cwd=tmp_path)
+    record_property("observed", done.stdout.strip().splitlines()[-1])
+    assert "1 passed" in done.stdout, done.stdout
+    assert "conformance report" not in done.stdout and not (tmp_path / "reports").exists(), (
+        f"the installed plugin acted in a run that did not ask for it:\n{done.stdout[-2000:]}")
+
+
+def test_installed_pyargs_runs_p0_in_attach_mode(attach_venv, vllm_server, model, tmp_path, record_property):
+    python, cost = attach_venv
+    workdir = tmp_path / "elsewhere"  # no checkout anywhere near
+    workdir.mkdir()
+    inner = run_suite(vllm_server.url, model, ["vllm_rl_conformance.conformance"], tmp_path / "reports", "--pyargs",
+                      "-m", "p0", "--vllm-surfaces=completions", cwd=workdir, python=str(python), bound=400,
+                      rates=vllm_server.rates)
+    rep = inner.report()
+    passed = rep["totals"]["pass"] + rep["totals"]["known deviation"]
+    record_property("observed", f"{cost}; pytest --pyargs vllm_rl_conformance.conformance -m p0: exit {inner.code} "
+                                f"after {inner.seconds:.0f} s, totals {rep['totals']}")
+    assert inner.code == 0, f"the installed suite failed:\n{inner.output[-3000:]}"
+    assert passed >= 10 and rep["totals"]["fail"] == 0, rep["totals"]
+    assert rep["run"]["expectations_file"].startswith(str(python.parent.parent)), (
+        f"the expectations came from {rep['run']['expectations_file']}, not the installed package")

@@ -1,0 +1,47 @@
+"""pytest-xdist (-n): the tests that drive one attached server run on one worker, one after the
+other, so -n 2 gives the verdicts of -n 0 and still catches a broken server; in launch mode
+each worker starts servers of its own."""
+
+import pytest
+
+from vllm_rl_conformance.selftests.inner import assert_no_false_failure, check_break, finding, run_suite
+
+pytestmark = [pytest.mark.selftest, pytest.mark.usefixtures("rates")]
+
+LIFECYCLE = "conformance/test_request_lifecycle.py"
+STATE = "conformance/test_pause_state.py"
+INVALID = "conformance/test_invalid_mode.py"
+KEEP = (LIFECYCLE + "::test_keep_freezes_the_in_flight_request_and_resume_completes_it_and_the_queued_one"
+        "[completions]")
+
+
+def test_two_workers_against_one_attached_server_pass_where_one_worker_does(vllm_server, model, tmp_path,
+                                                                             record_property):
+    run = run_suite(vllm_server.url, model, [STATE, INVALID, LIFECYCLE], tmp_path, "-n", "2", "-m", "p0",
+                    "--vllm-surfaces=completions", rates=vllm_server.rates, bound=240)
+    rep = run.report()
+    record_property("observed", f"-n 2: {finding(run, 'one server')}; totals {rep['totals']}")
+    assert_no_false_failure(run, "the unbroken server under -n 2")
+    assert rep["totals"]["pass"] + rep["totals"]["known deviation"] >= 10, rep["totals"]
+    assert {r["server"] for r in rep["rows"]} == {vllm_server.url}, [r["server"] for r in rep["rows"]]
+
+
+def test_two_workers_still_catch_a_server_where_keep_acts_like_abort(vllm_server, tmp_path, record_property):
+    check_break(vllm_server, "keep-acts-like-abort", KEEP, "ended while paused with keep", tmp_path, record_property,
+                "-n", "2")
+
+
+@pytest.mark.order(3)  # with the modules that stop the shared servers: it launches two of its own
+def test_in_launch_mode_each_worker_starts_its_own_server(settings, server_pool, tmp_path, record_property):
+    if settings.attach:
+        pytest.skip("launches servers of its own: attach mode has no launcher")
+    server_pool.stop_all()  # the shared servers: the workers' servers need the cores
+    run = run_suite(None, settings.model, [STATE, INVALID], tmp_path, "-n", "2", bound=400)
+    rep = run.report()
+    launched = [s for s in rep["servers"] if s["how"] == "launched"]
+    by_row = {r["id"].rsplit("::", 1)[0]: r["server"] for r in rep["rows"]}
+    record_property("observed", f"{finding(run, 'launch mode -n 2')}; servers "
+                                f"{[(s['url'], s['start_seconds']) for s in launched]}; module -> server {by_row}")
+    assert_no_false_failure(run, "two launched servers under -n 2")
+    assert len(launched) == 2 and len(set(by_row.values())) == 2, (
+        f"expected each of the 2 workers to launch a server for its module; servers {launched}, rows {by_row}")
