@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from vllm_rl_conformance.fixtures import lifecycle
-from vllm_rl_conformance.fixtures.client import CONTROL_TIMEOUT
+from vllm_rl_conformance.fixtures.control import CONTROL_TIMEOUT
 
 CONNECTIONS = 8  # fresh connections per check: the chance all land on one of 2 front-ends is 1/128
 

@@ -16,8 +16,11 @@ import pytest
 from vllm_rl_conformance.fixtures import capabilities as capabilities_mod
 from vllm_rl_conformance.fixtures import expectations as expectations_mod
 from vllm_rl_conformance.fixtures import lifecycle, plugin
-from vllm_rl_conformance.fixtures.client import Budget, ControlPlane, budget_of, engine_state, wait_until
+from vllm_rl_conformance.fixtures.budget import Budget, budget_of
+from vllm_rl_conformance.fixtures.control import ControlPlane
+from vllm_rl_conformance.fixtures.metrics import engine_state
 from vllm_rl_conformance.fixtures.server import Server
+from vllm_rl_conformance.fixtures.timing import wait_until
 
 MODES = ["abort", "wait", "keep"]
 

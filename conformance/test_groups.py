@@ -19,8 +19,10 @@ from concurrent.futures import TimeoutError as FutureTimeout
 import pytest
 
 from vllm_rl_conformance.fixtures import lifecycle
-from vllm_rl_conformance.fixtures.client import SHORT_PROMPT, engine_state, request_once, wait_until
+from vllm_rl_conformance.fixtures.client import SHORT_PROMPT, request_once
+from vllm_rl_conformance.fixtures.metrics import engine_state
 from vllm_rl_conformance.fixtures.surfaces import engine_request_id
+from vllm_rl_conformance.fixtures.timing import wait_until
 
 GROUP = dict(n=4, temperature=1.0, seed=1234)
 pytestmark = [pytest.mark.p0, pytest.mark.timeout(300), pytest.mark.area("P0 request lifecycle, groups (n > 1)")]

@@ -17,7 +17,8 @@ import time
 import pytest
 
 from vllm_rl_conformance.fixtures import lifecycle
-from vllm_rl_conformance.fixtures.client import SHORT_PROMPT, Budget, Rates, make_budget
+from vllm_rl_conformance.fixtures.budget import Budget, Rates, make_budget
+from vllm_rl_conformance.fixtures.client import SHORT_PROMPT
 
 CALL_TIMEOUT = 60.0  # seconds for one call into the actor
 ENGINE_ARGS = dict(dtype="float32", enforce_eager=True, max_model_len=4096, kv_cache_memory_bytes=268435456,

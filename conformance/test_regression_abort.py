@@ -16,8 +16,10 @@ from concurrent.futures import TimeoutError as FutureTimeout
 import pytest
 
 from vllm_rl_conformance.fixtures import lifecycle
-from vllm_rl_conformance.fixtures.client import SHORT_PROMPT, engine_state, request_once, wait_until
+from vllm_rl_conformance.fixtures.client import SHORT_PROMPT, request_once
+from vllm_rl_conformance.fixtures.metrics import engine_state
 from vllm_rl_conformance.fixtures.surfaces import HTTP_SURFACES, engine_request_id
+from vllm_rl_conformance.fixtures.timing import wait_until
 
 # Bound: up to VOID_TRIALS trials of requests as long as the context allows.
 pytestmark = [

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from vllm_rl_conformance.fixtures import lifecycle
-from vllm_rl_conformance.fixtures.client import engine_state
+from vllm_rl_conformance.fixtures.metrics import engine_state
 
 pytestmark = [
     pytest.mark.regression,

@@ -12,7 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from vllm_rl_conformance.fixtures import lifecycle
-from vllm_rl_conformance.fixtures.client import SHORT_PROMPT, ControlPlane
+from vllm_rl_conformance.fixtures.client import SHORT_PROMPT
+from vllm_rl_conformance.fixtures.control import ControlPlane
 
 pytestmark = [pytest.mark.regression, pytest.mark.area("Regression: racing pause and resume")]
 WAVE = 4  # requests sent at the moment of the race

@@ -12,7 +12,8 @@ engine for both clear_cache runs, one fresh V2 engine for validation; conftest.p
 import pytest
 
 from vllm_rl_conformance.fixtures import expectations as expectations_mod
-from vllm_rl_conformance.fixtures.weight_swap import NOOP, assert_every_post_swap_token_matches, classify, report, span_mismatches
+from vllm_rl_conformance.fixtures.weight_swap import (NOOP, assert_every_post_swap_token_matches, classify, report,
+                                                      span_mismatches)
 
 pytestmark = [pytest.mark.tier2, pytest.mark.area("Tier 2 weight swap while generating"), pytest.mark.order(3)]
 

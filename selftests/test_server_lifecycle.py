@@ -8,7 +8,7 @@ import pytest
 import requests
 
 from vllm_rl_conformance.fixtures import server
-from vllm_rl_conformance.fixtures.client import wait_until
+from vllm_rl_conformance.fixtures.timing import wait_until
 
 pytestmark = pytest.mark.selftest
 STUB = Path(__file__).with_name("stub_server.py")

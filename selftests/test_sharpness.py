@@ -12,7 +12,8 @@ after each case.
 import pytest
 
 from vllm_rl_conformance.fixtures import model_builder
-from vllm_rl_conformance.fixtures.client import ControlPlane, prompt_longer_than_a_cache_block
+from vllm_rl_conformance.fixtures.client import prompt_longer_than_a_cache_block
+from vllm_rl_conformance.fixtures.control import ControlPlane
 from vllm_rl_conformance.fixtures.server import Server
 from vllm_rl_conformance.fixtures.weight_swap import WARM_ANSWER_TOKENS, check_swap_recomputes_a_warm_prefix
 from vllm_rl_conformance.selftests.broken_server import ProxyThread
