@@ -38,6 +38,9 @@ def is_paused_on_fresh_connections(url: str) -> list[object]:
     return seen
 
 
+@pytest.mark.row("layouts.every-front-end",
+                 "One pause MUST be seen as paused by every API server of a server, and one resume as resumed by "
+                 "every one.")
 @pytest.mark.parametrize("mode", ["abort", "wait", "keep"])
 def test_one_pause_is_seen_by_every_api_server_and_one_resume_releases_them_all(
         mode, control, vllm_server, record_property):

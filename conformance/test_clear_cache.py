@@ -76,6 +76,9 @@ def after_pause(control, g, label, mode, clear_cache, expect_cache_kept=None):
     return r
 
 
+@pytest.mark.row("cache.clear-on-abort",
+                 "pause(abort) MUST keep the prefix cache without clear_cache and empty it with clear_cache, "
+                 "outputs identical either way.")
 @pytest.mark.p1
 def test_pause_abort_keeps_the_prefix_cache_without_clear_cache_and_empties_it_with_clear_cache(
         control, vllm_server, model, long_prompt, record_property):
@@ -89,6 +92,9 @@ def test_pause_abort_keeps_the_prefix_cache_without_clear_cache_and_empties_it_w
     record_property("observed", f"prompt {r0.prompt_tokens} tokens; {g.history()}")
 
 
+@pytest.mark.row("cache.clear-on-keep",
+                 "pause(keep, clear_cache) MUST do to the prefix cache what the version's expectations entry "
+                 "says.")
 @pytest.mark.p1
 def test_pause_keep_follows_the_version_expectation_for_clear_cache(
         control, vllm_server, model, long_prompt, expected, record_property):

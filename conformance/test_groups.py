@@ -34,16 +34,23 @@ def group_streams(streams):
     return functools.partial(streams, **GROUP)
 
 
+@pytest.mark.row("groups.abort-streamed",
+                 "pause(abort) MUST end every sample of a streamed n=4 group with finish_reason abort and partial "
+                 "tokens, and the engine MUST drain.")
 def test_abort_ends_every_sample_of_a_streamed_group_with_finish_reason_abort_and_drains_the_engine(
         control, group_streams, budget, expected, record_property):
     record_property("observed", lifecycle.abort_row(control, group_streams, budget, expected))
 
 
+@pytest.mark.row("groups.wait-streamed",
+                 "pause(wait) MUST return only after every sample of a streamed group finished.")
 def test_wait_lets_every_sample_of_a_streamed_group_finish_before_pause_returns(
         control, group_streams, budget, expected, record_property):
     record_property("observed", lifecycle.wait_row(control, group_streams, budget, expected))
 
 
+@pytest.mark.row("groups.keep-streamed",
+                 "pause(keep) MUST freeze every sample of a streamed group; resume MUST complete all of them.")
 def test_keep_freezes_every_sample_of_a_streamed_group_and_resume_completes_all_of_them(
         control, group_streams, budget, expected, record_property):
     record_property("observed", lifecycle.keep_row(control, group_streams, budget, expected))
@@ -83,6 +90,9 @@ def wait_generating(control, budget, before):
         f"({state[0].describe()})")
 
 
+@pytest.mark.row("groups.abort",
+                 "pause(abort) MUST answer a non-streamed group with finish_reason abort and partial tokens for "
+                 "every sample.")
 @pytest.mark.requires("metrics")
 def test_abort_ends_every_sample_of_a_non_streamed_group_with_finish_reason_abort_and_its_partial_tokens(
         control, vllm_server, budget, record_property):
@@ -112,6 +122,8 @@ def test_abort_ends_every_sample_of_a_non_streamed_group_with_finish_reason_abor
     record_property("observed", f"{group.describe()}; {drained}" + lifecycle.void_note(void))
 
 
+@pytest.mark.row("groups.wait",
+                 "pause(wait) MUST return only once every sample of a non-streamed group finished.")
 @pytest.mark.requires("metrics")
 def test_wait_returns_once_every_sample_of_a_non_streamed_group_has_finished(
         control, vllm_server, budget, record_property):
@@ -132,6 +144,8 @@ def test_wait_returns_once_every_sample_of_a_non_streamed_group_has_finished(
     record_property("observed", f"pause(wait) returned after {took:.2f} s; {group.describe()}")
 
 
+@pytest.mark.row("groups.keep",
+                 "pause(keep) MUST hold a non-streamed group without progress; resume MUST complete every sample.")
 @pytest.mark.requires("metrics")
 def test_keep_holds_a_non_streamed_group_without_progress_and_resume_completes_every_sample(
         control, vllm_server, budget, record_property):

@@ -163,6 +163,7 @@ def assert_completes(engine, budget, name, tokens):
     return st
 
 
+@pytest.mark.row("lifecycle.abort")
 def test_abort_ends_the_in_flight_request_with_finish_reason_abort_and_holds_new_ones_until_resume(
         surface, engine, budget, record_property):
     name = start_in_flight(engine, budget, budget.abort_tokens)
@@ -179,6 +180,7 @@ def test_abort_ends_the_in_flight_request_with_finish_reason_abort_and_holds_new
                                 f"sent while paused: held, completed after resume")
 
 
+@pytest.mark.row("lifecycle.wait")
 def test_wait_lets_the_in_flight_request_finish_before_pause_returns_and_holds_new_ones_until_resume(
         surface, engine, budget, record_property):
     name = start_in_flight(engine, budget, budget.long_tokens)
@@ -194,6 +196,7 @@ def test_wait_lets_the_in_flight_request_finish_before_pause_returns_and_holds_n
                                 f"({describe(st)}); sent while paused: held, completed after resume")
 
 
+@pytest.mark.row("lifecycle.keep")
 def test_keep_freezes_the_in_flight_request_and_resume_completes_it_and_the_held_one(
         surface, engine, budget, record_property):
     tokens = budget.long_tokens  # in-process, a first token seen means the request is running
@@ -210,6 +213,7 @@ def test_keep_freezes_the_in_flight_request_and_resume_completes_it_and_the_held
     record_property("observed", f"frozen at {len(mid['token_ids'])} tokens; after resume: {describe(st)}")
 
 
+@pytest.mark.row("lifecycle.keep-continuity")
 @pytest.mark.parametrize("clear_cache", [False, True], ids=["clear_cache-false", "clear_cache-true"])
 def test_keep_then_resume_delivers_exactly_the_tokens_and_logprobs_of_an_uninterrupted_greedy_run(
         surface, engine, budget, clear_cache, record_property):
@@ -231,6 +235,7 @@ def test_keep_then_resume_delivers_exactly_the_tokens_and_logprobs_of_an_uninter
                                 f"identical")
 
 
+@pytest.mark.row("lifecycle.resume-effective")
 def test_resume_is_effective_when_it_returns(surface, engine, budget, rates, record_property):
     engine.call("pause", "keep", False)
     held = held_while_paused(engine, budget, "keep")

@@ -27,6 +27,8 @@ def error_locates_param(body, name: str) -> bool:
     return False
 
 
+@pytest.mark.row("state.invalid-mode",
+                 "pause with an unknown mode MUST be a client error (4xx) and MUST leave is_paused unchanged.")
 @pytest.mark.p0
 @pytest.mark.parametrize("initially_paused", [False, True], ids=["from-unpaused", "from-paused"])
 def test_pause_with_an_invalid_mode_is_a_client_error_and_leaves_the_state_unchanged(

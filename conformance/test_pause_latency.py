@@ -76,6 +76,8 @@ def eight_in_flight(streams, running, tokens, budget, name):
         time.sleep(0.01)
 
 
+@pytest.mark.row("regression.keep-latency",
+                 "pause(keep) with 8 streams in flight MUST return within the bound in every one of 20 cycles.")
 def test_pause_keep_returns_within_the_bound_with_8_streams_in_flight_over_20_cycles(
         control, streams, budget, model, record_property):
     bound = bound_s(budget)
@@ -90,6 +92,8 @@ def test_pause_keep_returns_within_the_bound_with_8_streams_in_flight_over_20_cy
     control.pause_ok("abort")  # end the long streams now rather than wait for them
 
 
+@pytest.mark.row("regression.abort-latency",
+                 "pause(abort) with 8 streams in flight MUST return within the bound in every one of 20 cycles.")
 def test_pause_abort_returns_within_the_bound_with_8_streams_in_flight_over_20_cycles(
         control, streams, budget, model, record_property):
     bound = bound_s(budget)

@@ -12,6 +12,9 @@ def _expect_200(response, what: str) -> None:
     assert response.status_code == 200, f"{what} answered {response.status_code}, expected 200: {response.text[:300]}"
 
 
+@pytest.mark.row("state.initial",
+                 "A fresh server MUST report is_paused false, and resume on an unpaused server MUST answer 200 "
+                 "and leave it unpaused.")
 @pytest.mark.p0
 def test_a_fresh_server_is_not_paused_and_resume_twice_keeps_it_unpaused(control, record_property):
     assert control.is_paused() is False, "is_paused is true before any pause"
@@ -21,6 +24,9 @@ def test_a_fresh_server_is_not_paused_and_resume_twice_keeps_it_unpaused(control
     record_property("observed", "unpaused; resume x2 -> 200, 200, unpaused")
 
 
+@pytest.mark.row("state.idempotent",
+                 "pause and resume MUST be idempotent in every mode: each call answers 200 and is_paused follows "
+                 "the last one.")
 @pytest.mark.p0
 def test_pause_twice_then_resume_twice_in_every_mode_for_two_rounds(control, record_property):
     seen = []

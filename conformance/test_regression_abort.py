@@ -63,6 +63,9 @@ def assert_partial_abort(c, tokens, who):
     assert used == c.n_tokens, f"{who} delivered {c.n_tokens} token ids but usage says {used}"
 
 
+@pytest.mark.row("regression.abort-requests-ids",
+                 "/abort_requests MUST end exactly the named requests, streaming and not, with their partial "
+                 "tokens.")
 @pytest.mark.parametrize("surface", HTTP_SURFACES)
 def test_abort_requests_with_ids_ends_exactly_those_streaming_and_non_streaming_requests_with_their_partial_tokens(
         surface, control, streams, budget, vllm_server, model, record_property):
@@ -109,6 +112,9 @@ def test_abort_requests_with_ids_ends_exactly_those_streaming_and_non_streaming_
                                 + lifecycle.void_note(void))
 
 
+@pytest.mark.row("regression.abort-non-streaming",
+                 "pause(abort) MUST answer a non-streaming request with finish_reason abort and its partial "
+                 "tokens.")
 @pytest.mark.parametrize("surface", HTTP_SURFACES)
 def test_pause_abort_ends_a_non_streaming_request_with_finish_reason_abort_and_its_partial_tokens(
         surface, control, budget, vllm_server, model, record_property):

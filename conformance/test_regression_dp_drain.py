@@ -40,6 +40,9 @@ def fate(stream, budget) -> str:
     return stream.finish_reason or "ended without finish_reason"
 
 
+@pytest.mark.row("regression.dp-drain",
+                 "Under data parallel, a request sent during a pause MUST never block later pauses, and MUST "
+                 "complete after resume.")
 def test_a_request_sent_during_a_pause_never_blocks_later_pauses_and_completes_after_resume(
         control, streams, budget, expected, capabilities, record_property):
     bound = budget.settle_s

@@ -38,6 +38,8 @@ def own_control(server, bound):
     return ControlPlane(server, timeout=bound)
 
 
+@pytest.mark.row("regression.resume-race",
+                 "Two resumes racing a wave of new requests MUST both return and every request MUST complete.")
 def test_two_resumes_racing_with_a_wave_of_new_requests_both_return_and_every_request_completes(
         control, streams, budget, vllm_server, expected, record_property):
     in_flight = lifecycle.start_all_in_flight(streams, budget, ["in-flight-0", "in-flight-1"])
@@ -61,6 +63,8 @@ def test_two_resumes_racing_with_a_wave_of_new_requests_both_return_and_every_re
                       f"{WAVE} sent during the race all completed")
 
 
+@pytest.mark.row("regression.pause-race",
+                 "Two pauses racing MUST both return and every request MUST end.")
 @pytest.mark.parametrize("modes", [("keep", "keep"), ("abort", "wait")], ids=["keep-keep", "abort-wait"])
 def test_two_pauses_racing_both_return_and_every_request_ends(
         control, streams, budget, vllm_server, modes, record_property):

@@ -54,6 +54,9 @@ class Calls:
         return r
 
 
+@pytest.mark.row("regression.weight-calls",
+                 "Weight-sync calls out of order or while sleeping MUST be refused, and the server MUST stay "
+                 "healthy.")
 def test_weight_sync_calls_out_of_order_or_while_sleeping_are_refused_and_the_server_stays_healthy(
         control, vllm_server, model, capabilities, expected, record_property):
     calls = Calls(control, vllm_server)

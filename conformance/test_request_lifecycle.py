@@ -25,24 +25,36 @@ pytestmark = [
 ]
 
 
+@pytest.mark.row("lifecycle.abort",
+                 "pause(abort) MUST end an in-flight request with finish_reason abort and its partial tokens; a "
+                 "request sent while paused MUST wait for resume, and nothing restarts.")
 @pytest.mark.p0
 def test_abort_ends_the_in_flight_request_with_finish_reason_abort_and_queues_new_ones_until_resume(
         surface, control, streams, budget, expected, record_property):
     record_property("observed", lifecycle.abort_row(control, streams, budget, expected))
 
 
+@pytest.mark.row("lifecycle.wait",
+                 "pause(wait) MUST return only after the in-flight request finished normally; a request sent "
+                 "while paused MUST wait for resume.")
 @pytest.mark.p0
 def test_wait_lets_the_in_flight_request_finish_before_pause_returns_and_queues_new_ones_until_resume(
         surface, control, streams, budget, expected, record_property):
     record_property("observed", lifecycle.wait_row(control, streams, budget, expected))
 
 
+@pytest.mark.row("lifecycle.keep",
+                 "pause(keep) MUST freeze an in-flight request without ending it; resume MUST complete it and the "
+                 "request sent while paused.")
 @pytest.mark.p0
 def test_keep_freezes_the_in_flight_request_and_resume_completes_it_and_the_queued_one(
         surface, control, streams, budget, expected, record_property):
     record_property("observed", lifecycle.keep_row(control, streams, budget, expected))
 
 
+@pytest.mark.row("lifecycle.keep-continuity",
+                 "A greedy request kept across pause(keep) MUST deliver exactly the tokens and logprobs of an "
+                 "uninterrupted run (clear_cache false and true).")
 @pytest.mark.p0
 @pytest.mark.parametrize("clear_cache", [False, True], ids=["clear_cache-false", "clear_cache-true"])
 def test_keep_then_resume_delivers_exactly_the_tokens_and_logprobs_of_an_uninterrupted_greedy_run(
@@ -62,6 +74,9 @@ def test_keep_then_resume_delivers_exactly_the_tokens_and_logprobs_of_an_uninter
                                 f"and their logprobs identical{trials}")
 
 
+@pytest.mark.row("lifecycle.resume-effective",
+                 "When resume returns, held and new requests MUST get their first token within a bound of the "
+                 "server's own time to first token.")
 @pytest.mark.p0
 def test_resume_is_effective_when_it_returns(surface, control, streams, budget, rates, expected, record_property):
     record_property("observed", lifecycle.resume_is_effective_row(control, streams, budget, rates, expected))

@@ -18,6 +18,9 @@ SAMPLED = dict(temperature=1.0, seed=20261130, logprobs=True)
 pytestmark = [pytest.mark.p1, pytest.mark.timeout(300), pytest.mark.area("Sampled rollouts across keep")]
 
 
+@pytest.mark.row("sampling.keep-continuity",
+                 "A seeded sampled request kept across pause(keep) MUST continue as the version's expectations "
+                 "entry says (identical to the uninterrupted run on 0.32).")
 @pytest.mark.parametrize("clear_cache", [False, True], ids=["clear_cache-false", "clear_cache-true"])
 def test_a_seeded_sampled_rollout_kept_across_a_pause_continues_as_the_version_expects(
         control, streams, budget, expected, clear_cache, record_property):

@@ -36,6 +36,9 @@ def span_problems(spans, n: int) -> list[str]:
     return problems
 
 
+@pytest.mark.row("weights.version-spans",
+                 "A request kept across a committed weight version MUST report spans that cover it, change "
+                 "exactly at the freeze, and name both versions.")
 def test_a_request_kept_across_a_committed_weight_version_reports_spans_that_change_exactly_at_the_freeze(
         surface, control, streams, budget, record_property):
     before = control.weight_version()

@@ -8,11 +8,13 @@ context runs its engine well ahead of what vLLM's API server and the client deli
 
 import pytest
 
+from vllm_rl_conformance.fixtures import rows
 from vllm_rl_conformance.selftests.inner import assert_no_false_failure, check_break, run_suite
-from vllm_rl_conformance.selftests.test_sharpness import ABORT, ABORT_IDS
 
 # What a user runs in attach mode (README): every tier that needs no launcher of its own.
 ATTACH_SELECTION = "not gpu and not selftest and not tier2 and not fleet and not dp and not api_servers"
+ABORT = rows.test_id("lifecycle.abort", "completions")
+ABORT_IDS = rows.test_id("regression.abort-requests-ids", "completions")
 SELECTION_BOUND_S = 600  # ~3 min on 2 cores; requests here are as long as the context allows
 
 pytestmark = [pytest.mark.selftest, pytest.mark.order(3)]

@@ -11,7 +11,7 @@ after each case.
 
 import pytest
 
-from vllm_rl_conformance.fixtures import model_builder
+from vllm_rl_conformance.fixtures import model_builder, rows
 from vllm_rl_conformance.fixtures.client import prompt_longer_than_a_cache_block
 from vllm_rl_conformance.fixtures.control import ControlPlane
 from vllm_rl_conformance.fixtures.server import Server
@@ -22,31 +22,22 @@ from vllm_rl_conformance.selftests.inner import assert_no_false_failure, check_b
 # The outer run measures the server once; each inner run gets those rates (--vllm-rates).
 pytestmark = [pytest.mark.selftest, pytest.mark.usefixtures("rates")]
 
-LIFECYCLE = "conformance/test_request_lifecycle.py::"
-STATE = "conformance/test_pause_state.py::test_pause_twice_then_resume_twice_in_every_mode_for_two_rounds"
-INVALID = "conformance/test_invalid_mode.py"
-ABORT = LIFECYCLE + "test_abort_ends_the_in_flight_request_with_finish_reason_abort_and_queues_new_ones_until_resume[completions]"
-KEEP = LIFECYCLE + "test_keep_freezes_the_in_flight_request_and_resume_completes_it_and_the_queued_one[completions]"
-WAIT = LIFECYCLE + "test_wait_lets_the_in_flight_request_finish_before_pause_returns_and_queues_new_ones_until_resume[completions]"
-CLEAR = "conformance/test_clear_cache.py::test_pause_abort_keeps_the_prefix_cache_without_clear_cache_and_empties_it_with_clear_cache"
-RESUME = LIFECYCLE + "test_resume_is_effective_when_it_returns[completions]"
-RACES = "conformance/test_regression_races.py::"
-RESUME_RACE = RACES + "test_two_resumes_racing_with_a_wave_of_new_requests_both_return_and_every_request_completes"
-PAUSE_RACE = RACES + "test_two_pauses_racing_both_return_and_every_request_ends[keep-keep]"
-ABORT_IDS = ("conformance/test_regression_abort.py::test_abort_requests_with_ids_ends_exactly_those_streaming_"
-             "and_non_streaming_requests_with_their_partial_tokens[completions]")
-ABORT_PLAIN = ("conformance/test_regression_abort.py::test_pause_abort_ends_a_non_streaming_request_with_"
-               "finish_reason_abort_and_its_partial_tokens[completions]")
-LATENCY = "conformance/test_pause_latency.py::test_pause_keep_returns_within_the_bound_with_8_streams_in_flight_over_20_cycles"
-WEIGHT_CALLS = ("conformance/test_regression_weight_update.py::test_weight_sync_calls_out_of_order_or_while_"
-                "sleeping_are_refused_and_the_server_stays_healthy")
-
-GROUP_ABORT = ("conformance/test_groups.py::test_abort_ends_every_sample_of_a_streamed_group_with_finish_reason_"
-               "abort_and_drains_the_engine")
-CONTINUITY = LIFECYCLE + ("test_keep_then_resume_delivers_exactly_the_tokens_and_logprobs_of_an_uninterrupted_greedy_"
-                          "run[clear_cache-false-completions]")
-SPANS = ("conformance/test_weight_versions.py::test_a_request_kept_across_a_committed_weight_version_reports_spans_"
-         "that_change_exactly_at_the_freeze[generate]")
+STATE = rows.test_id("state.idempotent")
+INVALID = rows.test_id("state.invalid-mode")
+ABORT = rows.test_id("lifecycle.abort", "completions")
+KEEP = rows.test_id("lifecycle.keep", "completions")
+WAIT = rows.test_id("lifecycle.wait", "completions")
+CLEAR = rows.test_id("cache.clear-on-abort")
+RESUME = rows.test_id("lifecycle.resume-effective", "completions")
+RESUME_RACE = rows.test_id("regression.resume-race")
+PAUSE_RACE = rows.test_id("regression.pause-race", "keep-keep")
+ABORT_IDS = rows.test_id("regression.abort-requests-ids", "completions")
+ABORT_PLAIN = rows.test_id("regression.abort-non-streaming", "completions")
+LATENCY = rows.test_id("regression.keep-latency")
+WEIGHT_CALLS = rows.test_id("regression.weight-calls")
+GROUP_ABORT = rows.test_id("groups.abort-streamed")
+CONTINUITY = rows.test_id("lifecycle.keep-continuity", "clear_cache-false-completions")
+SPANS = rows.test_id("weights.version-spans", "generate")
 
 # (break, the conformance test that must catch it, text its failure message must contain)
 CASES = [

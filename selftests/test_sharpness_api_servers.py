@@ -5,6 +5,7 @@ say so. The transparent proxy passes the same test."""
 
 import pytest
 
+from vllm_rl_conformance.fixtures import rows
 from vllm_rl_conformance.selftests.inner import check_break
 
 # The outer run measures the server once; each inner run gets those rates (--vllm-rates).
@@ -15,8 +16,7 @@ pytestmark = [
     pytest.mark.layout("parallel"),
 ]
 
-EVERY_FRONT_END = ("conformance/test_api_servers.py::test_one_pause_is_seen_by_every_api_server_and_one_resume_"
-                   "releases_them_all[keep]")
+EVERY_FRONT_END = rows.test_id("layouts.every-front-end", "keep")
 
 
 @pytest.mark.parametrize("breakage, message", [("front-end-misses-pause", "a front-end did not see the pause"), ("none", None)],

@@ -5,6 +5,7 @@ The transparent proxy passes the same test."""
 
 import pytest
 
+from vllm_rl_conformance.fixtures import rows
 from vllm_rl_conformance.selftests.inner import check_break
 
 # The outer run measures the server once; each inner run gets those rates (--vllm-rates).
@@ -15,8 +16,7 @@ pytestmark = [
     pytest.mark.layout("parallel"),
 ]
 
-DRAIN = ("conformance/test_regression_dp_drain.py::test_a_request_sent_during_a_pause_never_blocks_later_pauses_"
-         "and_completes_after_resume")
+DRAIN = rows.test_id("regression.dp-drain")
 
 
 @pytest.mark.parametrize("breakage, message",

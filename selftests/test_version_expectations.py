@@ -13,20 +13,15 @@ import json
 
 import pytest
 
-from vllm_rl_conformance.fixtures import expectations
+from vllm_rl_conformance.fixtures import expectations, rows
 from vllm_rl_conformance.selftests.broken_server import ProxyThread
 from vllm_rl_conformance.selftests.inner import run_suite
 
 pytestmark = pytest.mark.selftest
 
-LIFECYCLE = "conformance/test_request_lifecycle.py::"
-TARGETS = [
-    "conformance/test_invalid_mode.py",
-    LIFECYCLE + "test_abort_ends_the_in_flight_request_with_finish_reason_abort_and_queues_new_ones_until_resume[completions]",
-    LIFECYCLE + "test_wait_lets_the_in_flight_request_finish_before_pause_returns_and_queues_new_ones_until_resume[completions]",
-    LIFECYCLE + "test_keep_freezes_the_in_flight_request_and_resume_completes_it_and_the_queued_one[completions]",
-    LIFECYCLE + "test_resume_is_effective_when_it_returns[completions]",
-]
+TARGETS = [rows.test_id("state.invalid-mode")] + [
+    rows.test_id(row, "completions")
+    for row in ("lifecycle.abort", "lifecycle.wait", "lifecycle.keep", "lifecycle.resume-effective")]
 LATER_UPSTREAM = "invalid-mode-422+refuse-while-paused-503"
 INVALID_ROWS = ["test_pause_with_an_invalid_mode_is_a_client_error_and_leaves_the_state_unchanged[from-unpaused]",
                 "test_pause_with_an_invalid_mode_is_a_client_error_and_leaves_the_state_unchanged[from-paused]"]

@@ -4,15 +4,14 @@ each worker starts servers of its own."""
 
 import pytest
 
+from vllm_rl_conformance.fixtures import rows
 from vllm_rl_conformance.selftests.inner import assert_no_false_failure, check_break, finding, run_suite
 
 pytestmark = [pytest.mark.selftest, pytest.mark.usefixtures("rates")]
 
-LIFECYCLE = "conformance/test_request_lifecycle.py"
-STATE = "conformance/test_pause_state.py"
-INVALID = "conformance/test_invalid_mode.py"
-KEEP = (LIFECYCLE + "::test_keep_freezes_the_in_flight_request_and_resume_completes_it_and_the_queued_one"
-        "[completions]")
+LIFECYCLE, STATE, INVALID = (rows.by_id(rows.load())[r].path for r in ("lifecycle.abort", "state.initial",
+                                                                       "state.invalid-mode"))
+KEEP = rows.test_id("lifecycle.keep", "completions")
 
 
 def test_two_workers_against_one_attached_server_pass_where_one_worker_does(vllm_server, model, tmp_path,

@@ -1,0 +1,25 @@
+"""Contract rows live once, as data (fixtures/rows.py): every P0/P1 test names its row, each
+row is stated once in MUST language, and the README's table is the one generated from them."""
+
+import pytest
+
+from vllm_rl_conformance.fixtures import rows
+from vllm_rl_conformance.selftests.inner import ROOT
+
+pytestmark = pytest.mark.selftest
+
+
+def test_every_p0_and_p1_test_names_a_row_and_every_row_is_stated_once():
+    found = rows.load()
+    stated = rows.by_id(found)  # asserts that no row is stated twice
+    unstated = [r.nodeid for r in found if r.id not in stated]
+    assert not unstated, f"tests naming a row no test states: {unstated}"
+    missing = [t.nodeid for t in rows.tests() if set(t.markers) & set(rows.TIERS) and not t.id]
+    assert not missing, f"P0/P1 tests without a row marker: {missing}"
+
+
+def test_the_readme_table_of_rows_is_generated_from_the_row_markers():
+    readme = (ROOT / "README.md").read_text()
+    assert rows.BEGIN in readme and rows.END in readme, "README.md has no generated table of rows"
+    assert rows.readme_table(readme) == rows.table(rows.load()), (
+        "README.md's table of rows is stale: run `python -m fixtures.rows` and paste its output")
