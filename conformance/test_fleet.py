@@ -45,7 +45,7 @@ def fleet(settings, server_pool):
         if plugin.worker_count() > 1:
             pytest.skip("the fleet tests pause every server at once, which would disturb the pytest-xdist "
                         "workers certifying those servers meanwhile: run -m fleet without -n")
-        servers = [server_pool.get()] + [server_pool.attach(u) for u in settings.urls[1:]]
+        servers = [server_pool.get(url=u) for u in settings.urls]
     else:  # the second server serves another model: a fleet need not be uniform
         servers = [server_pool.get(), server_pool.fast()]
     members = []
