@@ -5,8 +5,10 @@
   503 fails against the 0.32 entry (400, queued), and the report shows exactly what it did;
 - the same server passes once the entry for its version says 422 / 503 (a data edit), and
   the report marks the 503 rows as known deviations from the design;
-- the real 0.32.0 server fails against that edited entry, exactly on those rows.
-The loader itself (ranges, per-mode values, fallback) is checked without a server.
+- the real 0.32.0 server fails against that edited entry, exactly on those rows;
+- an entry that names its value a violation makes the row a known violation: non-conformant
+  in the report, and a failure when the run asks for it (--vllm-fail-on-violations).
+The loader itself (ranges, per-mode values, fallback, violations) is checked without a server.
 """
 
 import json
@@ -59,6 +61,23 @@ def test_a_version_in_an_entrys_range_gets_that_entry_and_per_mode_values(tmp_pa
     c = e.check("m", "503", mode="keep")
     assert c.matches and c.known_deviation, c.describe()
     assert expectations.load("0.31.0", path).entry_key == "old"
+
+
+def test_a_value_the_entry_names_a_violation_is_a_known_violation_not_a_known_deviation(tmp_path):
+    path = tmp_path / "e.json"
+    path.write_text(json.dumps({"design": {"k": 1, "m": {"abort": "queued", "keep": "queued"}},
+                                "entries": [{"name": "v", "versions": ">=0.1", "k": 2, "m": {"abort": "x", "keep": "y"},
+                                             "violations": {"k": "bug #1: evidence", "m": {"keep": "bug #2"}}}]}))
+    e = expectations.load("0.32.0", path)
+    broken = e.check("k", 2)
+    assert broken.known_violation and not broken.known_deviation, broken.describe()
+    assert "known violation: bug #1: evidence" in broken.describe()
+    assert broken.as_dict()["violation"] == "bug #1: evidence"
+    deviating = e.check("m", "x", mode="abort")  # the violation names only the keep mode
+    assert deviating.known_deviation and not deviating.known_violation, deviating.describe()
+    assert e.check("m", "y", mode="keep").known_violation
+    unexpected = e.check("k", 1)  # neither the entry's value nor named: a plain mismatch
+    assert not unexpected.matches and not unexpected.known_violation
 
 
 def test_a_version_no_entry_covers_falls_back_to_the_newest_entry_and_says_so(tmp_path):
@@ -131,3 +150,29 @@ def test_the_real_server_fails_an_entry_that_expects_422_and_503_exactly_on_thos
         assert rows[name]["verdict"] == "fail" and "observed 'queued'" in rows[name]["reason"], rows[name]
     record_property("observed", f"exit 1 after {run.seconds:.1f} s; "
                     + "; ".join(f"{n[:40]}: {rows[n]['reason'][:110]}" for n in (INVALID_ROWS[0], PAUSED_ROWS[0])))
+
+
+@pytest.mark.usefixtures("rates")  # measured once here, passed to the inner run
+def test_a_known_violation_is_reported_non_conformant_and_fails_the_run_only_with_fail_on_violations(
+        vllm_server, model, control, tmp_path, record_property):
+    status = control.pause("not-a-mode").status_code  # what the entry is about to call a violation
+    control.resume_ok()
+    path = edited_expectations(tmp_path, control.version(), invalid_mode_status=status,
+                               violations={"invalid_mode_status": "bug #0: the evidence"})
+    runs = {flag: run_suite(vllm_server.url, model, TARGETS[:1], tmp_path / f"report-{flag}",
+                            f"--vllm-expectations={path}", *([f"--vllm-fail-on-violations={flag}"] if flag else []),
+                            rates=vllm_server.rates) for flag in ("", "1")}
+    reported, failed = runs[""], runs["1"]
+    assert reported.code == 0, f"a known violation alone failed the run:\n{reported.output[-3000:]}"
+    rep = reported.report()
+    for name in INVALID_ROWS:
+        row = reported.rows()[name]
+        assert row["verdict"] == "known violation", row
+        assert checks_of(row)[("invalid_mode_status", None)]["violation"] == "bug #0: the evidence", row
+    assert (rep["totals"]["known violation"], rep["totals"]["nonconformant"]) == (2, 2), rep["totals"]
+    assert failed.code == 1, f"--vllm-fail-on-violations did not fail the run:\n{failed.output[-3000:]}"
+    for name in INVALID_ROWS:
+        row = failed.rows()[name]
+        assert row["verdict"] == "fail" and "known violation" in row["reason"] and "bug #0" in row["reason"], row
+    record_property("observed", f"without the option: exit 0, totals {rep['totals']}; with it: exit 1, "
+                    f"{failed.rows()[INVALID_ROWS[0]]['reason'][:160]}")
