@@ -12,6 +12,7 @@ engine for both clear_cache runs, one fresh V2 engine for validation; conftest.p
 import pytest
 
 from vllm_rl_conformance.fixtures import expectations as expectations_mod
+from vllm_rl_conformance.fixtures.capabilities import HOW
 from vllm_rl_conformance.fixtures.weight_swap import (NOOP, assert_every_post_swap_token_matches, classify, report,
                                                       span_mismatches)
 
@@ -77,6 +78,10 @@ def test_the_weight_version_spans_of_each_request_change_exactly_at_its_swap_ind
     the swap up to its swap index and the committed one after (the tokens after it are the
     ones checked against a fresh V2 engine above); a queued one reports only the committed one."""
     run = swap_runs[clear_cache]
+    on_generate = [r for r in run.phase1.records if r.surface == "generate"]
+    if on_generate and all(r.weight_versions is None for r in on_generate):  # a release before spans
+        pytest.skip(f"capability missing: weight_version_spans: the server does not offer "
+                    f"{HOW['weight_version_spans']} (its {len(on_generate)} generate answers carry none)")
     with_spans = [r for r in run.phase1.records if r.weight_versions is not None and r.kind != "finished"]
     assert any(r.kind == "paused" for r in with_spans), (
         f"test precondition: no request on a surface with spans was swapped mid-generation "
