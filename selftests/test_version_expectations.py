@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from vllm_rl_conformance.fixtures import expectations, rows
+from vllm_rl_conformance.fixtures import expectations, report, rows
 from vllm_rl_conformance.selftests.broken_server import ProxyThread
 from vllm_rl_conformance.selftests.inner import run_suite
 
@@ -78,6 +78,33 @@ def test_a_value_the_entry_names_a_violation_is_a_known_violation_not_a_known_de
     assert e.check("m", "y", mode="keep").known_violation
     unexpected = e.check("k", 1)  # neither the entry's value nor named: a plain mismatch
     assert not unexpected.matches and not unexpected.known_violation
+
+
+def test_every_known_bug_in_the_expectations_file_names_a_row_a_test_states():
+    data = json.loads(expectations.GOLDEN.read_text())
+    named = [(e["name"], key) for e in data["entries"] for key in e.get("bugs", {})]
+    unknown = []
+    for entry, key in named:
+        row, _, param = key.partition("[")
+        try:
+            rows.test_id(row, param.rstrip("]") or None)
+        except KeyError:
+            unknown.append(f"{entry}: {key}")
+    assert not unknown, f"bugs keyed by a row id no test states (fixtures/rows.py): {unknown}"
+
+
+def test_a_failed_row_the_entry_names_a_known_bug_says_which_bug_and_stays_a_failure():
+    test = rows.test_id("lifecycle.abort", "generate")
+    row = {"id": test, "area": "a", "markers": [], "outcome": "failed", "reason": "finish_reason=None", "observed": "",
+           "checks": [], "duration": 0.1, "surface": "generate", "server": "http://s"}
+    server = {"url": "http://s", "how": "launched", "label": "", "expectations": {"bugs": {
+        "lifecycle.abort[generate]": "vllm#47933"}}}
+    rep = report.build(rows=[row, row | {"server": "http://other"}], servers=[server], notes=[], exit_status=1,
+                       started=0, strict=False, attach=False, args=[], expectations_file="e.json")
+    named, other = rep["rows"]
+    assert named["verdict"] == "fail" and named["reason"].startswith("known bug of this release: vllm#47933"), named
+    assert other["reason"] == "finish_reason=None", other  # another server: its entry names no bug
+    assert rep["totals"]["nonconformant"] == 2
 
 
 def test_a_version_no_entry_covers_falls_back_to_the_newest_entry_and_says_so(tmp_path):
