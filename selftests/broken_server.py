@@ -34,6 +34,9 @@ BREAKS = {
     "refuse-while-paused-503": "completions sent while paused are refused with 503 (a later upstream behaviour)",
     # A missing capability: the server was started without VLLM_SERVER_DEV_MODE=1.
     "no-pause-routes": "/pause, /resume, /is_paused and /server_info answer 404",
+    # An older release: what it lacks is missing from its OpenAPI description too.
+    "before-keep-mode": "an older release: /pause has no keep mode (422) and there is no /abort_requests (404); "
+                        "/openapi.json says so",
     # Field bugs (SPEC section 6), one per regression test.
     "wait-does-not-drain": "pause(mode=wait) is forwarded as mode=keep: it returns before the requests finish",
     "requests-run-while-paused": "pause answers 200 and /is_paused says true, but nothing is paused",
@@ -104,6 +107,15 @@ class BrokenProxy:
         b = self.breaks
         if "no-pause-routes" in b and path in DEV_PATHS:
             return web.json_response({"detail": "Not Found"}, status=404)
+        if "before-keep-mode" in b:
+            if path == "/pause" and query.get("mode") == "keep":
+                return web.json_response({"detail": [{"type": "literal_error", "loc": ["query", "mode"],
+                                                      "msg": "Input should be 'abort' or 'wait'", "input": "keep"}]},
+                                         status=422)
+            if path == "/abort_requests":
+                return web.json_response({"detail": "Not Found"}, status=404)
+            if path == "/openapi.json":
+                return web.json_response(await self._older_description())
         racing = {"/resume": "duplicate-resume-hangs", "/pause": "second-pause-hangs"}
         if racing.get(path) in b:
             if self.in_flight[path]:
@@ -238,6 +250,16 @@ class BrokenProxy:
 
         return {"chat-abort-unmarked": unmark_chat_abort, "group-sample-not-aborted": spare_sample_1,
                 "spans-collapsed": collapse_spans, "resumed-logprobs-altered": alter_resumed_logprobs}
+
+    async def _older_description(self) -> dict:
+        """The upstream's /openapi.json without keep mode and /abort_requests (before-keep-mode)."""
+        async with self.session.get(self.upstream + "/openapi.json") as up:
+            spec = await up.json()
+        spec["paths"].pop("/abort_requests", None)
+        for param in spec["paths"].get("/pause", {}).get("post", {}).get("parameters", []):
+            if param.get("name") == "mode" and "enum" in param.get("schema", {}):
+                param["schema"]["enum"] = [m for m in param["schema"]["enum"] if m != "keep"]
+        return spec
 
     async def _forward(self, request: web.Request, path: str, query: dict, body: bytes | None = None,
                        rewrite: Callable[[bytes], bytes] | None = None) -> web.StreamResponse:

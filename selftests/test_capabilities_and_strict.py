@@ -1,10 +1,13 @@
 """The capability probe, skips that say what is missing, and certified runs: with --strict
 (or VLLM_CONFORMANCE_STRICT=1) a skipped P0 row on a surface the run claims fails the run, as
-in Kubernetes conformance. (A server without the pause routes is a bad target: see
-test_bad_targets.py.)"""
+in Kubernetes conformance. An older release that lacks keep mode or /abort_requests skips
+the rows that need them, naming the capability, instead of failing them. (A server without
+the pause routes is a bad target: see test_bad_targets.py.)"""
 
 import pytest
 
+from vllm_rl_conformance.fixtures import rows
+from vllm_rl_conformance.selftests.broken_server import ProxyThread
 from vllm_rl_conformance.selftests.inner import run_suite
 
 pytestmark = pytest.mark.selftest
@@ -41,3 +44,22 @@ def test_rows_on_a_surface_the_run_cannot_offer_skip_naming_why_and_strict_turns
     assert strict.report()["run"]["strict"] is True
     record_property("observed", f"plain: exit 0, {len(rows)} skipped ({rows[0]['reason'][:90]}); "
                                 f"--strict: exit 1, {len(srows)} failed ({srows[0]['reason'][:60]})")
+
+
+@pytest.mark.usefixtures("rates")  # measured once here, passed to the inner run
+def test_a_release_without_keep_mode_or_abort_requests_skips_those_rows_naming_the_capability_and_fails_nothing(
+        vllm_server, model, tmp_path, record_property):
+    keep = rows.test_id("lifecycle.keep", "completions")
+    by_ids = rows.test_id("regression.abort-requests-ids", "completions")
+    abort = rows.test_id("lifecycle.abort", "completions")
+    with ProxyThread(vllm_server.url, "before-keep-mode") as proxy:
+        run = run_suite(proxy.url, model, [keep, by_ids, abort], tmp_path / "report", rates=vllm_server.rates)
+    got = {r["id"]: r for r in run.report()["rows"]}
+    assert run.code == 0, f"exit {run.code}: {[(r['row'], r['verdict'], r['reason']) for r in got.values()]}"
+    assert got[keep]["verdict"] == "skipped" and got[keep]["reason"].startswith("capability missing: keep_mode"), got[keep]
+    assert got[by_ids]["verdict"] == "skipped" and "capability missing: abort_requests" in got[by_ids]["reason"], got[by_ids]
+    assert got[abort]["verdict"] == "pass", got[abort]  # what the release has is still judged
+    caps = run.report()["servers"][0]["capabilities"]
+    assert (caps["keep_mode"], caps["abort_requests"], caps["pause_modes"]) == (False, False, ["abort", "wait"]), caps
+    record_property("observed", f"exit 0 after {run.seconds:.1f} s; {got[keep]['reason'][:120]}; "
+                    f"{got[by_ids]['reason'][:80]}")

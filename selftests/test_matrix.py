@@ -42,8 +42,10 @@ def column(label: str, rep: dict | None, **kw) -> dict:
 def test_a_matrix_has_rows_down_and_releases_across_and_says_why_a_cell_did_not_pass():
     invalid = rows.test_id("state.invalid-mode", "from-paused")
     keep = rows.test_id("lifecycle.keep", "completions")
-    m = matrix.build([column("0.31.0", made_up_report("0.31.0", {invalid: "known deviation", keep: "skipped"})),
-                      column("0.32.0", made_up_report("0.32.0", {invalid: "fail", keep: "pass"}, 422)),
+    initial = rows.test_id("state.initial")
+    m = matrix.build([column("0.31.0", made_up_report("0.31.0", {invalid: "known deviation", keep: "skipped",
+                                                                 initial: "pass"})),
+                      column("0.32.0", made_up_report("0.32.0", {invalid: "fail", keep: "pass", initial: "pass"}, 422)),
                       column("0.26.0", None, install_error="does not install: ResolutionImpossible", exit_status=None)],
                      "p0", "python -m fixtures.matrix run")
     assert matrix.validate(m) == [], matrix.validate(m)
@@ -58,6 +60,8 @@ def test_a_matrix_has_rows_down_and_releases_across_and_says_why_a_cell_did_not_
     assert "**FAIL** (1)" in text and "1. 0.32.0, state.invalid-mode" in text, text
     assert "does not install: ResolutionImpossible" in text and "not run" in text, text
     assert "| invalid_mode_status | 422 | 400 | 422 | - |" in text, text
+    brief = matrix.to_markdown(m, brief=True)  # the README's form: what differs from a pass
+    assert "state.initial" in text and "state.initial" not in brief and "the other 1 rows" in brief, brief
 
 
 def test_two_matrices_compare_cell_by_cell():
