@@ -57,7 +57,7 @@ def test_a_matrix_has_rows_down_and_releases_across_and_says_why_a_cell_did_not_
     text = matrix.to_markdown(m)
     assert "| 0.31.0 | 0.32.0 | 0.26.0 |" in text, text
     assert "skipped: keep_mode missing" in text, text  # a capability the release lacks, named
-    assert "**FAIL** (1)" in text and "1. 0.32.0, state.invalid-mode" in text, text
+    assert "**FAIL** (1)" in text and "1. invalid_mode_status = 422" in text, text  # why it failed
     assert "does not install: ResolutionImpossible" in text and "not run" in text, text
     assert "| invalid_mode_status | 422 | 400 | 422 | - |" in text, text
     brief = matrix.to_markdown(m, brief=True)  # the README's form: what differs from a pass
@@ -108,3 +108,16 @@ def test_two_columns_on_the_one_server_of_this_run_give_a_valid_matrix_with_the_
     assert (out / "matrix.md").read_text().count("| pass | pass |") >= 2
     record_property("observed", f"{len(cells)} rows x 2 columns, same verdicts; columns took "
                     + ", ".join(f"{c['duration_s']} s" for c in m["columns"]))
+
+
+def test_a_known_violation_cell_names_the_bug_once_however_many_releases_share_it():
+    weight = rows.test_id("regression.weight-calls")
+    reports = [made_up_report(v, {weight: "known violation"}) for v in ("0.31.0", "0.32.0")]
+    for rep in reports:
+        rep["rows"][0]["checks"] = [{"key": "refused_weight_update_status", "mode": None, "observed": "500",
+                                     "expected": "500", "design": "4xx", "violation": "bug #9: answers 500"}] * 2
+    m = matrix.build([column("0.31.0", reports[0]), column("0.32.0", reports[1])], "regression", "c")
+    assert matrix.validate(m) == [], matrix.validate(m)
+    text = matrix.to_markdown(m)
+    assert "| **KNOWN VIOLATION** (1) | **KNOWN VIOLATION** (1) |" in text, text
+    assert text.count("bug #9") == 1 and "1. refused_weight_update_status = '500': bug #9: answers 500" in text, text
