@@ -2,7 +2,7 @@
 #   make conformance   set up (if needed), run the P0/P1 conformance against the embedded default, print
 #                      the report table, validate reports/conformance.json against its schema
 #   make test          set up (if needed), then run what CI runs: conformance, fleet, data-parallel, API servers,
-#                      field-bug regressions, tier 2 on CPU, self-tests
+#                      field-bug regressions, model-based histories, tier 2 on CPU, self-tests
 #   make bench         pause latency with 8 streams in flight: p50 / p99 over 20 cycles per mode
 #   make tier2         tier 2 on CPU: weight swap while generating, validated against a fresh V2 engine
 #   make gpu-e2e       tier 2 on two GPUs over NCCL (own venv with CUDA vLLM); skips without two GPUs
@@ -51,7 +51,7 @@ conformance: setup
 	$(PY) -m fixtures.report validate $(REPORT) || { [ $$rc -ne 0 ] || rc=1; }; exit $$rc
 
 test: setup
-	@rc=0; $(PY) -m pytest -m "p0 or p1 or fleet or dp or api_servers or regression or tier2 or selftest" $(PYTEST_ARGS) || rc=$$?; \
+	@rc=0; $(PY) -m pytest -m "p0 or p1 or fleet or dp or api_servers or regression or model_based or tier2 or selftest" $(PYTEST_ARGS) || rc=$$?; \
 	$(PY) -m fixtures.report validate $(REPORT) || { [ $$rc -ne 0 ] || rc=1; }; exit $$rc
 
 tier2: setup

@@ -13,6 +13,7 @@ import uuid
 import pytest
 
 from vllm_rl_conformance.fixtures import lifecycle
+from vllm_rl_conformance.fixtures.surfaces import span_problems
 
 pytestmark = [
     pytest.mark.p0,
@@ -21,20 +22,6 @@ pytestmark = [
     pytest.mark.requires("weight_versions", "weight_version_spans"),
     pytest.mark.area("Weight-version accounting"),
 ]
-
-
-def span_problems(spans, n: int) -> list[str]:
-    """What is wrong with `spans` as a partition of the output tokens [0, n)."""
-    problems, at = [], 0
-    for span in spans:
-        if span["start"] != at:
-            problems.append(f"span {span} starts at {span['start']}, the previous one ended at {at}")
-        if span["end"] <= span["start"]:
-            problems.append(f"span {span} is empty or reversed")
-        at = span["end"]
-    if at != n:
-        problems.append(f"the spans end at {at}, the request has {n} tokens")
-    return problems
 
 
 @pytest.mark.row("weights.version-spans",

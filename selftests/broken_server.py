@@ -54,6 +54,13 @@ BREAKS = {
     "spans-collapsed": "generate reports one weight-version span (the last version) over the whole output",
     "resumed-logprobs-altered": "streams that were open when /resume passed get every later logprob lowered by 0.25",
     "front-end-misses-pause": "every second GET /is_paused answers false, as from a front-end that missed the pause",
+    # Breaks only a sequence exposes (the model-based test, selftests/test_model_based_detection.py).
+    "abort-spares-frozen": "pause(mode=abort) on a server already paused with keep answers 200 without reaching it: "
+                           "the frozen requests stay frozen and complete after resume",
+    "abort-requests-ignored-while-paused": "/abort_requests while the server is paused answers 200 without reaching "
+                                           "it: the named frozen or queued requests live on",
+    "second-keep-cycle-repeats-a-token": "a stream resumed from pause(keep) for the second time gets the first chunk "
+                                         "after that resume twice",
 }
 HANG_S = 600  # "never returns": far beyond any bound of the suite
 OVERLAP_S = 0.3  # racing calls are held this long, so a second one surely arrives during the first
@@ -80,6 +87,7 @@ class BrokenProxy:
         self.breakage = breakage
         self.fake_paused = False  # for keep-is-a-no-op
         self.paused = False  # the upstream's state as seen through us (for refuse-while-paused-503)
+        self.mode: str | None = None  # the mode of the pause the upstream is in, as seen through us
         self.late_request = False  # a completion arrived while paused (late-request-blocks-drain)
         self.in_flight = {"/pause": 0, "/resume": 0}  # calls being answered (the *-hangs breaks)
         self.open_streams: list[dict] = []  # requests being answered (resumed-logprobs-altered)
@@ -130,6 +138,15 @@ class BrokenProxy:
 
     async def _handle(self, request: web.Request, path: str, query: dict) -> web.StreamResponse:
         b = self.breaks
+        kept = self.paused and self.mode == "keep"
+        if path == "/pause" and "abort-spares-frozen" in b and kept and query.get("mode", "abort") == "abort":
+            return web.json_response({"status": "paused"})
+        if path == "/abort_requests" and "abort-requests-ignored-while-paused" in b and self.paused:
+            return web.json_response({"status": "aborted", "aborted": 1})
+        if path == "/resume" and "second-keep-cycle-repeats-a-token" in b and kept:
+            for stream in self.open_streams:
+                stream["keep_resumes"] = stream.get("keep_resumes", 0) + 1
+                stream["repeat_next"] = stream["keep_resumes"] == 2
         if path in WEIGHT_PATHS and "weight-update-out-of-order-accepted" in b:
             return web.json_response({"message": "ok"})
         if path == "/abort_requests" and "abort-requests-ignores-ids" in b:
@@ -181,9 +198,9 @@ class BrokenProxy:
                                                 "type": "EnginePausedError", "code": 503}}, status=503)
         # The state flips before forwarding: never refuse a request sent after resume answered.
         if path == "/pause" and query.get("mode", "abort") in VALID_MODES:
-            self.paused = True
+            self.paused, self.mode = True, query.get("mode", "abort")
         elif path == "/resume":
-            self.paused = False
+            self.paused, self.mode = False, None
         if path == "/resume":
             for stream in self.open_streams:
                 stream["resumed"] = True
@@ -201,6 +218,10 @@ class BrokenProxy:
         b = self.breaks
         if "abort-reported-as-stop" in b:
             chunk = chunk.replace(*ABORT_REASON)
+        if stream.get("repeat_next") and chunk.startswith(b"data: {") and chunk.endswith(b"\n\n") \
+                and b'"token_ids":[]' not in chunk.replace(b" ", b""):
+            stream["repeat_next"] = False
+            chunk = chunk + chunk  # the same event again: its tokens are delivered twice
         edits = [fn for name, fn in self._edits(stream).items() if name in b]
         if not edits:
             return chunk

@@ -72,13 +72,13 @@ def finding(run: InnerRun, breakage: str) -> str:
     return f"{breakage}: exit {run.code} after {run.seconds:.1f} s; {first}"
 
 
-def assert_caught(run: InnerRun, breakage: str, message: str) -> None:
+def assert_caught(run: InnerRun, breakage: str, message: str, bound: float = INNER_BOUND_S) -> None:
     """The inner run failed, with `message` in its output, within the bound."""
     assert run.code == 1 and run.failed_lines, (
         f"the suite did not fail against a server where {breakage}: exit code {run.code}.\n{run.output[-3000:]}")
     assert message in run.output, (
         f"the suite failed against {breakage} but not with the expected finding {message!r}:\n{run.output[-3000:]}")
-    assert run.seconds < INNER_BOUND_S, f"catching {breakage} took {run.seconds:.0f} s (bound {INNER_BOUND_S} s)"
+    assert run.seconds < bound, f"catching {breakage} took {run.seconds:.0f} s (bound {bound:.0f} s)"
 
 
 def assert_no_false_failure(run: InnerRun, server: str = "the transparent proxy") -> None:
@@ -92,16 +92,16 @@ def short_finding(failed_line: str) -> str:
 
 
 def check_break(server, breakage: str, target: str, message: str | None, report_dir: Path,
-                record_property, *extra: str) -> InnerRun:
+                record_property, *extra: str, bound: float = INNER_BOUND_S) -> InnerRun:
     """Runs `target` in attach mode against a proxy in front of `server` that breaks
     `breakage`: it must fail with `message`, or, with message None (the unbroken proxy), pass."""
     from vllm_rl_conformance.selftests.broken_server import ProxyThread
 
     with ProxyThread(server.url, breakage) as proxy:
-        run = run_suite(proxy.url, server.model, [target], report_dir, *extra, rates=server.rates)
+        run = run_suite(proxy.url, server.model, [target], report_dir, *extra, rates=server.rates, bound=bound)
     record_property("observed", finding(run, breakage))
     if message is None:
         assert_no_false_failure(run)
     else:
-        assert_caught(run, breakage, message)
+        assert_caught(run, breakage, message, bound)
     return run

@@ -1,0 +1,56 @@
+"""The model-based test catches breaks that only a sequence exposes, and that every scenario
+test of the suite misses (README, "Detection"): through a proxy that breaks one, it fails
+with the step that disagrees with the model and prints the shortest failing history. The
+unbroken proxy passes the same histories, so no failure is the proxy's.
+"""
+
+import re
+
+import pytest
+
+from vllm_rl_conformance.fixtures import rows
+from vllm_rl_conformance.selftests.inner import check_break
+
+pytestmark = [pytest.mark.selftest, pytest.mark.model_based, pytest.mark.usefixtures("rates")]
+
+MODEL_BASED = rows.test_id("model.histories")
+SEED = 20261201
+# Generation stops at the first failing history; a correct server runs them all.
+SEARCH = ("--vllm-mbt-examples=40", "--vllm-mbt-steps=12", f"--vllm-mbt-seed={SEED}")
+INNER_BOUND_S = 480  # the search, then shrinking (test_model_based.SHRINK_SECONDS + REDUCE_SECONDS)
+
+# (break, text the failure must contain, steps its shortest history must contain)
+CASES = [
+    ("abort-spares-frozen", "the model allows aborted", ("pause_keep", "pause_abort")),
+    ("abort-requests-ignored-while-paused", "after /abort_requests", ("abort_requests",)),
+    ("second-keep-cycle-repeats-a-token", "that are not its uninterrupted greedy run", ("pause_keep", "resume")),
+]
+
+
+def shortest_history(run) -> tuple[int, str]:
+    """The failing row's shortest history as the report shows it: (steps, --vllm-mbt-replay text)."""
+    observed = run.rows()[MODEL_BASED.rsplit("::", 1)[-1]]["observed"]
+    found = re.search(r"shortest failing history \((\d+) steps\): (.*?)(?:; \w+\[?\w*\]? = |$)", observed)
+    assert found, f"the failing row names no shortest history: {observed}"
+    return int(found.group(1)), found.group(2)
+
+
+@pytest.mark.timeout(INNER_BOUND_S + 180)
+@pytest.mark.parametrize("breakage, message, steps", CASES, ids=[c[0] for c in CASES])
+def test_the_model_based_test_catches_a_break_only_a_sequence_exposes_and_prints_its_shortest_history(
+        vllm_server, breakage, message, steps, tmp_path, record_property):
+    run = check_break(vllm_server, breakage, MODEL_BASED, message, tmp_path / "search", record_property, *SEARCH,
+                      bound=INNER_BOUND_S)
+    n, history = shortest_history(run)
+    assert all(step in history for step in steps), (
+        f"the shortest history against {breakage} lacks the steps that expose it {steps}: {history}")
+    # The same history through the unbroken proxy agrees with the model: it is the break that fails it.
+    check_break(vllm_server, "none", MODEL_BASED, None, tmp_path / "replay", lambda *_: None,
+                f"--vllm-mbt-replay={history}")
+    record_property("observed", f"{breakage}: caught after {run.seconds:.0f} s (search, shrinking); shortest history "
+                                f"({n} steps): {history}; the same history passes the unbroken proxy")
+
+
+@pytest.mark.timeout(INNER_BOUND_S + 60)
+def test_the_unbroken_proxy_passes_the_same_histories(vllm_server, tmp_path, record_property):
+    check_break(vllm_server, "none", MODEL_BASED, None, tmp_path, record_property, *SEARCH, bound=INNER_BOUND_S)
