@@ -1,10 +1,11 @@
 """Model-based: generated histories of control calls and requests, each step checked against
 the reference model of the contract (fixtures/contract_model.py), and a failing history
-shrunk to the shortest one that still fails (Hypothesis' RuleBasedStateMachine).
+shrunk to the shortest one that still fails (Hypothesis: a history is a list of steps it draws,
+runs and shrinks).
 
 A history mixes: pause in each mode with and without clear_cache, resume, an invalid pause,
-streaming requests on every surface the server offers, /abort_requests on some open
-requests, a committed weight version, and time passing. After every step the server must
+streaming requests on every surface the server offers, /abort_requests naming some of
+them, a committed weight version, and time passing. After every step the server must
 agree with the model: is_paused; every request's state (running requests advance, frozen and
 queued ones do not, ended ones ended as the model says: finish_reason, partial tokens,
 data: [DONE]); the token ids delivered so far are a prefix of the request's own
@@ -26,7 +27,6 @@ import uuid
 import hypothesis
 import pytest
 from hypothesis import HealthCheck, Phase, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
 from vllm_rl_conformance.fixtures import contract_model as cm
 from vllm_rl_conformance.fixtures import lifecycle
@@ -36,9 +36,7 @@ from vllm_rl_conformance.fixtures.surfaces import HTTP_SURFACES, engine_request_
 from vllm_rl_conformance.fixtures.timing import wait_until
 
 PROMPTS = (SHORT_PROMPT, lifecycle.PAUSED_PROMPT)
-MAX_REQUESTS = 4  # requests started in one history
-# Preconditions read only what the history itself decides (how many requests it started), never
-# what the server showed: Hypothesis replays a history while shrinking and needs the same choices.
+MAX_REQUESTS = 4  # requests started in one history (a fifth start is skipped)
 # Shrinking replays histories against the server: bounded (Hypothesis' own bound is 300 s); then
 # reduce_history deletes single steps.
 SHRINK_SECONDS = 60
@@ -99,18 +97,45 @@ def observed_fate(s) -> str:
     return "ended without finish_reason" if s.n_tokens == 0 and s.error is None else f"ended: {s.describe()}"
 
 
-def make_history(ctx: Context):
-    surfaces = st.sampled_from(ctx.surfaces)
-    prompts = st.integers(0, len(PROMPTS) - 1)
+def step_strategy(surfaces):
+    """One step of a history, weighted so that transitions on top of transitions, control calls
+    while paused and repeated cycles are common (Hypothesis shrinks a draw towards the first)."""
     clear = st.sampled_from([None, False, True])
+    args = {
+        "start": st.fixed_dictionaries({"surface": st.sampled_from(surfaces), "prompt": st.integers(0, len(PROMPTS) - 1)}),
+        "pause_keep": st.fixed_dictionaries({"clear_cache": clear}),
+        "pause_abort": st.fixed_dictionaries({"clear_cache": clear}),
+        "pause_wait": st.fixed_dictionaries({"clear_cache": clear}),
+        "resume": st.just({}),
+        "abort_requests": st.fixed_dictionaries({"which": st.integers(1, 2 ** MAX_REQUESTS - 1)}),
+        "invalid_pause": st.fixed_dictionaries({"mode": st.sampled_from(["bogus", "pause", ""])}),
+        "commit_version": st.just({}),
+        "wait_a_little": st.just({}),
+    }
+    weights = {"start": 3, "pause_keep": 4, "pause_abort": 2, "pause_wait": 1, "resume": 4, "abort_requests": 2,
+               "invalid_pause": 1, "commit_version": 1, "wait_a_little": 1}
+    names = [name for name, w in weights.items() for _ in range(w)]
+    return st.sampled_from(names).flatmap(lambda name: st.tuples(st.just(name), args[name]))
+
+
+def histories(surfaces, steps: int):
+    """A first request, then `steps` - 1 steps, at least half of them (Hypothesis would draw about
+    5 on average: too few for a second cycle; reduce_history deletes below that)."""
+    first = st.tuples(st.just("start"), st.fixed_dictionaries(
+        {"surface": st.sampled_from(surfaces), "prompt": st.integers(0, len(PROMPTS) - 1)}))
+    rest = st.lists(step_strategy(surfaces), min_size=(steps - 1) // 2, max_size=steps - 1)
+    return st.tuples(first, rest).map(lambda x: [x[0], *x[1]])
+
+
+def make_history(ctx: Context):
     b = ctx.budget
     quiet_s = max(0.3, b.hold_s / 4)  # a stream that delivered nothing this long after pause(keep) is frozen
 
-    class ControlPlaneHistory(RuleBasedStateMachine):
-        """One generated history against the server under test."""
+    class ControlPlaneHistory:
+        """One history against the server under test: each step is a method; `replay` calls
+        them in order and `agrees_with_the_model` after each."""
 
         def __init__(self):
-            super().__init__()
             self.model = cm.ContractModel(ctx.choice, ctx.control.weight_version())
             self.live: dict[str, object] = {}  # request id -> its stream
             self.no_token_when_ended: set[str] = set()
@@ -119,15 +144,12 @@ def make_history(ctx: Context):
             self.mark = engine_state(ctx.control)  # the engine's account when the last step was checked
             self.ok = True  # False once a step failed: teardown then only cleans up
             self.versions = 0
-            self.steps: list[tuple[str, dict]] = []  # the history so far, as calls (replay())
             ctx.histories += 1
 
         # -- helpers ---------------------------------------------------------
-        def _step(self, name: str | None = None, **kwargs):
+        def _step(self):
             ctx.steps += 1
             self.ok = False
-            if name is not None:
-                self.steps.append((name, kwargs))
 
         def _done(self):
             self.ok = True
@@ -275,44 +297,32 @@ def make_history(ctx: Context):
                 ctx.record("queued_request_aborted", observed_fate(s) if s.done.is_set() else "queued",
                            self.model.requests[rid].surface)
 
-        # -- rules -----------------------------------------------------------
-        @initialize(surface=surfaces, prompt=prompts)
-        def start_first(self, surface, prompt):
-            self._step("start_first", surface=surface, prompt=prompt)
-            self._start(surface, prompt)
-            self._done()
-
+        # -- steps -----------------------------------------------------------
         def can_start(self):
             return len(self.model.requests) < MAX_REQUESTS
 
-        @precondition(lambda self: self.can_start())
-        @rule(surface=surfaces, prompt=prompts)
         def start(self, surface, prompt):
-            self._step("start", surface=surface, prompt=prompt)
+            self._step()
             self._start(surface, prompt)
             self._done()
 
-        @rule(clear_cache=clear)
         def pause_abort(self, clear_cache):
-            self._step("pause_abort", clear_cache=clear_cache)
+            self._step()
             self._pause("abort", clear_cache)
             self._done()
 
-        @rule(clear_cache=clear)
         def pause_keep(self, clear_cache):
-            self._step("pause_keep", clear_cache=clear_cache)
+            self._step()
             self._pause("keep", clear_cache)
             self._done()
 
-        @rule(clear_cache=clear)
         def pause_wait(self, clear_cache):
-            self._step("pause_wait", clear_cache=clear_cache)
+            self._step()
             self._pause("wait", clear_cache)
             self._done()
 
-        @rule()
         def resume(self):
-            self._step("resume")
+            self._step()
             held = {r.rid: self.live[r.rid].n_tokens for r in self.model.open_requests(cm.FROZEN, cm.QUEUED)}
             r = ctx.control.resume()
             assert r.status_code == 200, f"resume answered {r.status_code}: {r.text[:200]}; {self._state()}"
@@ -325,9 +335,8 @@ def make_history(ctx: Context):
             self._settle_all("resume")
             self._done()
 
-        @rule(mode=st.sampled_from(["bogus", "pause", ""]))
         def invalid_pause(self, mode):
-            self._step("invalid_pause", mode=mode)
+            self._step()
             r = ctx.control.pause(mode)
             check = ctx.record("invalid_mode_status", r.status_code)
             want = ctx.choice("invalid_mode_status", None)
@@ -339,11 +348,10 @@ def make_history(ctx: Context):
             self._settle_all(f"pause(mode={mode!r})")
             self._done()
 
-        @rule(which=st.integers(1, 2 ** MAX_REQUESTS - 1))
         def abort_requests(self, which):
             """/abort_requests naming the requests whose bit is set in `which` (in start order; ended
             ones too: aborting them must change nothing)."""
-            self._step("abort_requests", which=which)
+            self._step()
             started = list(self.model.requests.values())
             named = [r for i, r in enumerate(started) if which >> i & 1] or started[:1]
             running_before = {r.rid for r in named if r.state == cm.RUNNING}
@@ -359,9 +367,8 @@ def make_history(ctx: Context):
             self._record_aborted_while_queued(queued)
             self._done()
 
-        @rule()
         def commit_version(self):
-            self._step("commit_version")
+            self._step()
             self.versions += 1
             version = f"mbt-{ctx.histories}-{self.versions}"
             ctx.control.ok("POST", "/update_weight_version", json={"new_version": version})
@@ -370,10 +377,9 @@ def make_history(ctx: Context):
             assert got == version, f"/weight_info reports {got!r} after /update_weight_version {version!r}"
             self._done()
 
-        @rule()
         def wait_a_little(self):
             """Time passes (the hold window): running requests must advance, held ones must not."""
-            self._step("wait_a_little")
+            self._step()
             running = {r.rid: self.live[r.rid].n_tokens for r in self.model.open_requests(cm.RUNNING)}
             time.sleep(b.hold_s)  # the step itself: time passing, not a synchronisation
             for rid, tokens in running.items():
@@ -384,7 +390,6 @@ def make_history(ctx: Context):
             self._settle_all("time passing")
             self._done()
 
-        @invariant()
         def agrees_with_the_model(self):
             if not self.ok:
                 return
@@ -410,8 +415,6 @@ def make_history(ctx: Context):
         def teardown(self):
             """Resume, let every held request start, abort what is open, resume: the engine drains."""
             if not self.ok:  # a step failed: leave a clean server for the next history (shrinking replays)
-                ctx.failing_steps = list(self.steps)
-                ctx.first_failure = ctx.first_failure or ctx.histories
                 for s in self.live.values():
                     s.disconnect()
                 ctx.control.release()
@@ -437,17 +440,15 @@ REDUCE_SECONDS = 120  # after Hypothesis' shrinking: delete single steps while t
 
 
 def replay(history, ctx: Context, steps) -> str | None:
-    """Runs `steps` as one history (the model checked after each, as in generation); returns the
-    failure's message, None if it passed, or "not applicable" if a step's precondition fails."""
+    """Runs `steps` as one history, the model checked after each; returns the failure's message,
+    or None if it passed. A step whose precondition does not hold (a fifth request) is skipped."""
     machine = history()
     try:
         machine.agrees_with_the_model()
         for name, kwargs in steps:
             guard = PRECONDITIONS.get(name)
             if guard and not getattr(machine, guard)():
-                machine.ok = False
-                machine.teardown()
-                return "not applicable"
+                continue
             getattr(machine, name)(**kwargs)
             machine.agrees_with_the_model()
         machine.teardown()  # part of the history: the engine must drain
@@ -463,18 +464,19 @@ def kind(message: str) -> str:
     return re.sub(r"mbt-[0-9a-f]+|[0-9.]+", "#", message.split("; ")[0])
 
 
-def reduce_history(history, ctx: Context, steps, message: str) -> list:
-    """Deletes single steps while the history fails the same way (bounded by REDUCE_SECONDS)."""
+def reduce_history(history, ctx: Context, steps, message: str) -> tuple[list, str]:
+    """Deletes single steps while the history fails the same way (bounded by REDUCE_SECONDS);
+    returns the shortest history and its failure."""
     deadline = time.monotonic() + REDUCE_SECONDS
     i = 0
     while i < len(steps) and time.monotonic() < deadline:
         candidate = steps[:i] + steps[i + 1:]
         got = replay(history, ctx, candidate)
-        if got and got != "not applicable" and kind(got) == kind(message):
-            steps = candidate
+        if got and kind(got) == kind(message):
+            steps, message = candidate, got
         else:
             i += 1
-    return steps
+    return steps, message
 
 
 def script(steps) -> str:
@@ -520,26 +522,34 @@ def test_generated_histories_of_control_calls_and_requests_agree_with_the_refere
         record_property("observed", f"replayed {len(steps)} steps: {failure or 'agreed with the model'}")
         assert failure is None, f"{failure}\nreplayed history:\n{script(steps)}"
         return
-    factory = hypothesis.seed(seed)(history)
-    if mbt.reproduce:
-        factory = hypothesis.reproduce_failure(hypothesis.__version__, mbt.reproduce.encode())(factory)
     # Hypothesis' own bound on shrinking is 300 s; a replay here costs a server history.
     import hypothesis.internal.conjecture.engine as engine
     engine.MAX_SHRINKING_SECONDS = SHRINK_SECONDS
-    config = hypothesis.settings(max_examples=mbt.examples, stateful_step_count=mbt.steps, deadline=None,
-                                 database=None, print_blob=True, derandomize=False, report_multiple_bugs=False,
-                                 phases=[Phase.explicit, Phase.generate, Phase.shrink],
-                                 suppress_health_check=list(HealthCheck))
+
+    @hypothesis.settings(max_examples=mbt.examples, deadline=None, database=None, print_blob=True,
+                         derandomize=False, report_multiple_bugs=False,
+                         phases=[Phase.explicit, Phase.generate, Phase.shrink], suppress_health_check=list(HealthCheck))
+    @hypothesis.seed(seed)
+    @hypothesis.given(histories(offered, mbt.steps))
+    def generated(steps):
+        failure = replay(history, ctx, steps)
+        if failure is not None:
+            ctx.failing_steps = steps
+            ctx.first_failure = ctx.first_failure or ctx.histories
+        assert failure is None, failure
+
+    if mbt.reproduce:
+        generated = hypothesis.reproduce_failure(hypothesis.__version__, mbt.reproduce.encode())(generated)
     what = (f"seed {seed}: {mbt.examples} histories of at most {mbt.steps} steps, surfaces {','.join(offered)}, "
             f"{ctx.tokens} tokens per request")
     note(f"model-based test: {what} (replay: --vllm-mbt-seed {seed})")
     t0 = time.monotonic()
     try:
-        run_state_machine_as_test(factory, settings=config)
+        generated()
     except AssertionError as exc:
         message = str(exc).split("\nassert ")[0]
         found = ctx.first_failure
-        steps = reduce_history(history, ctx, ctx.failing_steps, message) if ctx.failing_steps else []
+        steps, message = reduce_history(history, ctx, ctx.failing_steps, message)
         record_property("observed", f"{what}: history {found} FAILED ({time.monotonic() - t0:.0f} s with "
                                     f"shrinking); shortest failing history ({len(steps)} steps): {compact(steps)}")
         raise AssertionError(f"{message}\nshortest failing history ({len(steps)} steps; replay it with "

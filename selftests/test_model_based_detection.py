@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.selftest, pytest.mark.model_based, pytest.mark.usefixt
 MODEL_BASED = rows.test_id("model.histories")
 SEED = 20261201
 # Generation stops at the first failing history; a correct server runs them all.
-SEARCH = ("--vllm-mbt-examples=40", "--vllm-mbt-steps=12", f"--vllm-mbt-seed={SEED}")
+SEARCH = ("--vllm-mbt-examples=100", "--vllm-mbt-steps=12", f"--vllm-mbt-seed={SEED}")
 INNER_BOUND_S = 480  # the search, then shrinking (test_model_based.SHRINK_SECONDS + REDUCE_SECONDS)
 
 # (break, text the failure must contain, steps its shortest history must contain)
