@@ -142,18 +142,11 @@ def make_history(ctx: Context):
             self.ended: set[str] = set()  # requests whose end was judged
             self.paused_since: float | None = None  # the engine's generated count when the pause settled
             self.mark = engine_state(ctx.control)  # the engine's account when the last step was checked
-            self.ok = True  # False once a step failed: teardown then only cleans up
+            self.ok = True  # False once a step failed (replay): teardown then only cleans up
             self.versions = 0
             ctx.histories += 1
 
         # -- helpers ---------------------------------------------------------
-        def _step(self):
-            ctx.steps += 1
-            self.ok = False
-
-        def _done(self):
-            self.ok = True
-
         def _state(self) -> str:
             return ("paused (" + str(self.model.mode) + ")" if self.model.paused else "unpaused") + ", requests: " + (
                 ", ".join(f"{r.rid[-4:]} {r.state} {self.live[r.rid].n_tokens} tok" for r in self.model.requests.values())
@@ -302,27 +295,18 @@ def make_history(ctx: Context):
             return len(self.model.requests) < MAX_REQUESTS
 
         def start(self, surface, prompt):
-            self._step()
             self._start(surface, prompt)
-            self._done()
 
         def pause_abort(self, clear_cache):
-            self._step()
             self._pause("abort", clear_cache)
-            self._done()
 
         def pause_keep(self, clear_cache):
-            self._step()
             self._pause("keep", clear_cache)
-            self._done()
 
         def pause_wait(self, clear_cache):
-            self._step()
             self._pause("wait", clear_cache)
-            self._done()
 
         def resume(self):
-            self._step()
             held = {r.rid: self.live[r.rid].n_tokens for r in self.model.open_requests(cm.FROZEN, cm.QUEUED)}
             r = ctx.control.resume()
             assert r.status_code == 200, f"resume answered {r.status_code}: {r.text[:200]}; {self._state()}"
@@ -333,10 +317,8 @@ def make_history(ctx: Context):
                     self.live[rid].wait_first_token(b.first_token_s)
             self.paused_since = None
             self._settle_all("resume")
-            self._done()
 
         def invalid_pause(self, mode):
-            self._step()
             r = ctx.control.pause(mode)
             check = ctx.record("invalid_mode_status", r.status_code)
             want = ctx.choice("invalid_mode_status", None)
@@ -346,12 +328,10 @@ def make_history(ctx: Context):
                 f"{self._state()}")
             self.model.invalid_pause()
             self._settle_all(f"pause(mode={mode!r})")
-            self._done()
 
         def abort_requests(self, which):
             """/abort_requests naming the requests whose bit is set in `which` (in start order; ended
             ones too: aborting them must change nothing)."""
-            self._step()
             started = list(self.model.requests.values())
             named = [r for i, r in enumerate(started) if which >> i & 1] or started[:1]
             running_before = {r.rid for r in named if r.state == cm.RUNNING}
@@ -365,21 +345,17 @@ def make_history(ctx: Context):
             self.model.abort_requests([x.rid for x in named])
             self._settle_all(f"/abort_requests {[x.rid for x in named]} -> {r.json()}", done_before, running_before)
             self._record_aborted_while_queued(queued)
-            self._done()
 
         def commit_version(self):
-            self._step()
             self.versions += 1
             version = f"mbt-{ctx.histories}-{self.versions}"
             ctx.control.ok("POST", "/update_weight_version", json={"new_version": version})
             self.model.commit_version(version)
             got = ctx.control.weight_version()
             assert got == version, f"/weight_info reports {got!r} after /update_weight_version {version!r}"
-            self._done()
 
         def wait_a_little(self):
             """Time passes (the hold window): running requests must advance, held ones must not."""
-            self._step()
             running = {r.rid: self.live[r.rid].n_tokens for r in self.model.open_requests(cm.RUNNING)}
             time.sleep(b.hold_s)  # the step itself: time passing, not a synchronisation
             for rid, tokens in running.items():
@@ -388,11 +364,8 @@ def make_history(ctx: Context):
                 assert advanced, (f"request {rid}, running, delivered no token for {b.hold_s + b.settle_s:.1f} s "
                                   f"({s.describe()}); {self._state()}")
             self._settle_all("time passing")
-            self._done()
 
         def agrees_with_the_model(self):
-            if not self.ok:
-                return
             paused = ctx.control.is_paused()
             assert paused is self.model.paused, (
                 f"is_paused is {paused}; the model says {self.model.paused}; {self._state()}")
@@ -421,21 +394,17 @@ def make_history(ctx: Context):
                 ctx.control.release(abort_running=True)
                 wait_until(lambda: (engine_state(ctx.control) or self.mark).counts == (0, 0), b.settle_s)
                 return
-            self._step()
             if self.model.paused:
                 self.resume()
-                self._step()
             if self.model.open_requests():
                 self._pause("abort", None)
                 ctx.control.resume_ok()
                 self.model.resume()
             lifecycle.assert_engine_drains(ctx.control, b)
-            self._done()
 
     return ControlPlaneHistory
 
 
-PRECONDITIONS = {"start": "can_start"}
 REDUCE_SECONDS = 120  # after Hypothesis' shrinking: delete single steps while the history still fails
 
 
@@ -446,9 +415,9 @@ def replay(history, ctx: Context, steps) -> str | None:
     try:
         machine.agrees_with_the_model()
         for name, kwargs in steps:
-            guard = PRECONDITIONS.get(name)
-            if guard and not getattr(machine, guard)():
+            if name == "start" and not machine.can_start():
                 continue
+            ctx.steps += 1
             getattr(machine, name)(**kwargs)
             machine.agrees_with_the_model()
         machine.teardown()  # part of the history: the engine must drain
