@@ -61,6 +61,8 @@ BREAKS = {
                                            "it: the named frozen or queued requests live on",
     "second-keep-cycle-repeats-a-token": "a stream resumed from pause(keep) for the second time gets the first chunk "
                                          "after that resume twice",
+    "first-keep-resume-repeats-a-token-once": "the first stream resumed from pause(keep) that gets a token gets that "
+                                              "chunk twice; no later one does (a failure that does not happen again)",
 }
 HANG_S = 600  # "never returns": far beyond any bound of the suite
 OVERLAP_S = 0.3  # racing calls are held this long, so a second one surely arrives during the first
@@ -92,6 +94,7 @@ class BrokenProxy:
         self.in_flight = {"/pause": 0, "/resume": 0}  # calls being answered (the *-hangs breaks)
         self.open_streams: list[dict] = []  # requests being answered (resumed-logprobs-altered)
         self.is_paused_calls = 0
+        self.repeated_once = False  # first-keep-resume-repeats-a-token-once has repeated its chunk
         self.session: aiohttp.ClientSession | None = None
 
     def app(self) -> web.Application:
@@ -147,6 +150,9 @@ class BrokenProxy:
             for stream in self.open_streams:
                 stream["keep_resumes"] = stream.get("keep_resumes", 0) + 1
                 stream["repeat_next"] = stream["keep_resumes"] == 2
+        if path == "/resume" and "first-keep-resume-repeats-a-token-once" in b and kept and not self.repeated_once:
+            for stream in self.open_streams:
+                stream["repeat_next"] = True
         if path in WEIGHT_PATHS and "weight-update-out-of-order-accepted" in b:
             return web.json_response({"message": "ok"})
         if path == "/abort_requests" and "abort-requests-ignores-ids" in b:
@@ -221,7 +227,9 @@ class BrokenProxy:
         if stream.get("repeat_next") and chunk.startswith(b"data: {") and chunk.endswith(b"\n\n") \
                 and b'"token_ids":[]' not in chunk.replace(b" ", b""):
             stream["repeat_next"] = False
-            chunk = chunk + chunk  # the same event again: its tokens are delivered twice
+            if not self.repeated_once:
+                chunk = chunk + chunk  # the same event again: its tokens are delivered twice
+                self.repeated_once = "first-keep-resume-repeats-a-token-once" in b
         edits = [fn for name, fn in self._edits(stream).items() if name in b]
         if not edits:
             return chunk

@@ -54,3 +54,16 @@ def test_the_model_based_test_catches_a_break_only_a_sequence_exposes_and_prints
 @pytest.mark.timeout(INNER_BOUND_S + 60)
 def test_the_unbroken_proxy_passes_the_same_histories(vllm_server, tmp_path, record_property):
     check_break(vllm_server, "none", MODEL_BASED, None, tmp_path, record_property, *SEARCH, bound=INNER_BOUND_S)
+
+
+@pytest.mark.timeout(INNER_BOUND_S + 60)
+def test_a_history_that_fails_once_and_passes_when_run_again_still_fails_the_row_and_names_its_steps(
+        vllm_server, tmp_path, record_property):
+    run = check_break(vllm_server, "first-keep-resume-repeats-a-token-once", MODEL_BASED,
+                      "that are not its uninterrupted greedy run", tmp_path, record_property, *SEARCH,
+                      bound=INNER_BOUND_S)
+    n, history = shortest_history(run)
+    observed = run.rows()[MODEL_BASED.rsplit("::", 1)[-1]]["observed"]
+    assert "it passed when run again" in observed, f"the row does not say the failure did not recur: {observed}"
+    assert all(step in history for step in ("pause_keep", "resume")), (
+        f"the failing history lacks the keep cycle that exposed the break: {history}")
