@@ -147,7 +147,6 @@ def make_history(ctx: Context):
             self.paused_since: float | None = None  # the engine's generated count when the pause settled
             self.mark = engine_state(ctx.control)  # the engine's account when the last step was checked
             self.first_mark = self.mark  # ... and when the history began (nothing of it had run)
-            self.finished: set[str] = set()  # requests seen to finish normally
             self.ok = True  # False once a step failed (replay): teardown then only cleans up
             self.versions = 0
             ctx.histories += 1
@@ -203,7 +202,6 @@ def make_history(ctx: Context):
             if shown not in cm.OPEN:
                 self.ended.add(req.rid)
             if shown == cm.FINISHED:
-                self.finished.add(req.rid)
                 assert s.n_tokens == req.max_tokens and s.finish_reason == "length", (
                     f"after {what}: request {req.rid} finished with {s.describe()}; expected all {req.max_tokens} "
                     f"tokens and finish_reason 'length'")
@@ -248,7 +246,7 @@ def make_history(ctx: Context):
             call returned: with those seen to finish earlier, at most as many as the engine had
             finished normally in this history when it returned (`engine_after`, read then). The
             count runs from the history's start: a stream may end well after the engine's count."""
-            seen_before = set(self.finished)
+            seen_before = {rid for rid in self.ended if self.model.requests[rid].state == cm.FINISHED}
             finished_during = []
             for req in list(self.model.requests.values()):
                 if req.rid in self.ended:  # its end was judged already

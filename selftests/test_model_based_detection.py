@@ -19,17 +19,23 @@ SEED = 20261201
 SEARCH = ("--vllm-mbt-examples=100", "--vllm-mbt-steps=12", f"--vllm-mbt-seed={SEED}")
 INNER_BOUND_S = 480  # the search, then shrinking (test_model_based.SHRINK_SECONDS + REDUCE_SECONDS)
 
+GREEDY_FINDING = "that are not its uninterrupted greedy run"
 # (break, text the failure must contain, steps its shortest history must contain)
 CASES = [
     ("abort-spares-frozen", "the model allows aborted", ("pause_keep", "pause_abort")),
     ("abort-requests-ignored-while-paused", "after /abort_requests", ("abort_requests",)),
-    ("second-keep-cycle-repeats-a-token", "that are not its uninterrupted greedy run", ("pause_keep", "resume")),
+    ("second-keep-cycle-repeats-a-token", GREEDY_FINDING, ("pause_keep", "resume")),
 ]
+
+
+def row_observed(run) -> str:
+    """The model-based row's observed column in the inner run's report."""
+    return run.rows()[MODEL_BASED.rsplit("::", 1)[-1]]["observed"]
 
 
 def shortest_history(run) -> tuple[int, str]:
     """The failing row's shortest history as the report shows it: (steps, --vllm-mbt-replay text)."""
-    observed = run.rows()[MODEL_BASED.rsplit("::", 1)[-1]]["observed"]
+    observed = row_observed(run)
     found = re.search(r"shortest failing history \((\d+) steps\): (.*?)(?:; \w+\[?\w*\]? = |$)", observed)
     assert found, f"the failing row names no shortest history: {observed}"
     return int(found.group(1)), found.group(2)
@@ -59,11 +65,10 @@ def test_the_unbroken_proxy_passes_the_same_histories(vllm_server, tmp_path, rec
 @pytest.mark.timeout(INNER_BOUND_S + 60)
 def test_a_history_that_fails_once_and_passes_when_run_again_still_fails_the_row_and_names_its_steps(
         vllm_server, tmp_path, record_property):
-    run = check_break(vllm_server, "first-keep-resume-repeats-a-token-once", MODEL_BASED,
-                      "that are not its uninterrupted greedy run", tmp_path, record_property, *SEARCH,
-                      bound=INNER_BOUND_S)
+    run = check_break(vllm_server, "first-keep-resume-repeats-a-token-once", MODEL_BASED, GREEDY_FINDING, tmp_path,
+                      record_property, *SEARCH, bound=INNER_BOUND_S)
     n, history = shortest_history(run)
-    observed = run.rows()[MODEL_BASED.rsplit("::", 1)[-1]]["observed"]
+    observed = row_observed(run)
     assert "it passed when run again" in observed, f"the row does not say the failure did not recur: {observed}"
     assert all(step in history for step in ("pause_keep", "resume")), (
         f"the failing history lacks the keep cycle that exposed the break: {history}")
