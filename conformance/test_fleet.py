@@ -19,6 +19,7 @@ from vllm_rl_conformance.fixtures import lifecycle, plugin
 from vllm_rl_conformance.fixtures.budget import Budget, budget_of
 from vllm_rl_conformance.fixtures.control import ControlPlane
 from vllm_rl_conformance.fixtures.metrics import engine_state
+from vllm_rl_conformance.fixtures.run_hooks import WATCHED
 from vllm_rl_conformance.fixtures.server import Server
 from vllm_rl_conformance.fixtures.timing import wait_until
 
@@ -45,7 +46,7 @@ def fleet(settings, server_pool):
         if plugin.worker_count() > 1:
             pytest.skip("the fleet tests pause every server at once, which would disturb the pytest-xdist "
                         "workers certifying those servers meanwhile: run -m fleet without -n")
-        servers = [server_pool.get(url=u) for u in settings.urls]
+        servers = [server_pool.serving(server_pool.get(url=u)) for u in settings.urls]
     else:  # the second server serves another model: a fleet need not be uniform
         servers = [server_pool.get(), server_pool.fast()]
     members = []
@@ -58,12 +59,16 @@ def fleet(settings, server_pool):
 
 
 @pytest.fixture(autouse=True)
-def _every_server_resumed(fleet):
+def _every_server_resumed(fleet, server_pool, request):
+    """Every server of the fleet resumed before and after each test; a death during the test is
+    reported by that test, once (run_hooks.WATCHED)."""
     for m in fleet:
+        server_pool.serving(m.server)
         m.control.resume_ok()
+    request.node.stash[WATCHED] = [(m.server, m.server.log_size()) for m in fleet]
     yield
     for m in fleet:
-        if m.server.dead_reason() is None:
+        if m.server.death is None and m.server.answers():
             m.control.resume_ok()
 
 

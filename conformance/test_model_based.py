@@ -30,8 +30,8 @@ from hypothesis import HealthCheck, Phase, strategies as st
 from hypothesis.errors import FlakyFailure
 
 from vllm_rl_conformance.fixtures import contract_model as cm
-from vllm_rl_conformance.fixtures import lifecycle
-from vllm_rl_conformance.fixtures.client import SHORT_PROMPT, request_once
+from vllm_rl_conformance.fixtures import continuity, lifecycle
+from vllm_rl_conformance.fixtures.client import SHORT_PROMPT, Sample, request_once
 from vllm_rl_conformance.fixtures.metrics import engine_state
 from vllm_rl_conformance.fixtures.surfaces import HTTP_SURFACES, engine_request_id, span_problems
 from vllm_rl_conformance.fixtures.timing import wait_until
@@ -55,22 +55,22 @@ class Context:
     """What every history of one test run shares: the server's fixtures, the surfaces it
     offers, each (surface, prompt)'s uninterrupted greedy reference, and the report's log."""
 
-    def __init__(self, control, streams, budget, expected, surfaces, server):
+    def __init__(self, control, streams, budget, expected, surfaces, server, rule):
         self.control, self.streams, self.budget, self.expected = control, streams, budget, expected
-        self.surfaces, self.server = surfaces, server
+        self.surfaces, self.server, self.rule = surfaces, server, rule
         self.tokens = budget.long_tokens  # every request's max_tokens
-        self.references: dict[tuple[str, int], list[int]] = {}
+        self.references: dict[tuple[str, int], Sample] = {}
         self.recorded: set[tuple] = set()
         self.histories = 0
         self.steps = 0
         self.failing_steps: list[tuple[str, dict]] = []  # the calls of the last history that failed
         self.first_failure = 0  # the number of the first history that failed
 
-    def reference(self, surface: str, prompt: int) -> list[int]:
+    def reference(self, surface: str, prompt: int) -> Sample:
         key = (surface, prompt)
         if key not in self.references:
             self.references[key] = request_once(self.server, self.server.model, PROMPTS[prompt], self.tokens,
-                                                self.budget.finish_s(self.tokens), surface).token_ids
+                                                self.budget.finish_s(self.tokens), surface, logprobs=True).samples[0]
         return self.references[key]
 
     def choice(self, key: str, mode: str | None):
@@ -158,13 +158,13 @@ def make_history(ctx: Context):
                 or "none")
 
         def _check_tokens(self, req, s):
-            ref = ctx.reference(req.surface, req.prompt)
-            got = s.token_ids
-            i = lifecycle.first_difference(got, ref[:len(got)]) if len(got) <= len(ref) else len(ref)
-            assert i is None, (
-                f"request {req.rid} ({req.surface}) delivered {len(got)} tokens that are not its uninterrupted "
-                f"greedy run: first difference at index {i} (got {got[i:i + 3]}, uninterrupted {ref[i:i + 3]}); "
-                f"model: {req.state}; {self._state()}")
+            ref, got = ctx.reference(req.surface, req.prompt), s.samples[0]
+            n = len(got.token_ids)  # a request ended early delivers a prefix of its reference
+            prefix = continuity.Rollout(ref.token_ids[:n], ref.logprobs[:n], ref.top_logprobs[:n])
+            judged = continuity.judge(continuity.Rollout.of(got), prefix, ctx.rule)
+            assert judged.ok, (
+                f"request {req.rid} ({req.surface}) delivered {n} tokens that are not its uninterrupted "
+                f"greedy run: {judged.problem}; model: {req.state}; {self._state()}")
 
         def _settle(self, req, s):
             """Waits until `s` shows one of the model's outcomes for `req`; returns the one it shows."""
@@ -267,7 +267,8 @@ def make_history(ctx: Context):
         def _start(self, surface, prompt):
             rid = f"mbt-{uuid.uuid4().hex[:10]}"
             req = self.model.start(rid, surface, prompt, ctx.tokens)
-            s = ctx.streams(PROMPTS[prompt], ctx.tokens, name=f"request {rid}", request_id=rid, surface=surface)
+            s = ctx.streams(PROMPTS[prompt], ctx.tokens, name=f"request {rid}", request_id=rid, surface=surface,
+                            logprobs=True)
             self.live[rid] = s
             if req.state == cm.RUNNING:
                 s.wait_first_token(b.first_token_s)
@@ -487,11 +488,12 @@ def parse_steps(text: str) -> list[tuple[str, dict]]:
                  "/abort_requests, version commits and time passing MUST leave the server as the reference "
                  "model of the contract says after each step.")
 def test_generated_histories_of_control_calls_and_requests_agree_with_the_reference_model_after_every_step(
-        control, streams, budget, expected, vllm_server, settings, capabilities, record_property, note):
+        control, streams, budget, expected, vllm_server, settings, capabilities, continuity_rule, record_property,
+        note):
     offered = [s for s in HTTP_SURFACES if s == "completions" or getattr(capabilities, s)]
     if settings.surfaces:
         offered = [s for s in offered if s in settings.surfaces] or offered[:1]
-    ctx = Context(control, streams, budget, expected, offered, vllm_server)
+    ctx = Context(control, streams, budget, expected, offered, vllm_server, continuity_rule)
     for surface in offered:  # references first: they run alone on the server
         for prompt in range(len(PROMPTS)):
             ctx.reference(surface, prompt)

@@ -120,7 +120,7 @@ def test_pause_abort_ends_a_non_streaming_request_with_finish_reason_abort_and_i
         surface, control, budget, vllm_server, model, record_property):
     tokens = budget.abort_tokens
 
-    def trial():
+    def trial(_k):
         before = engine_state(control)
         request_id = f"conformance-{uuid.uuid4().hex[:8]}-plain"
         with ThreadPoolExecutor(max_workers=1) as pool:

@@ -20,6 +20,7 @@ from aiohttp import web
 BREAKS = {
     "none": "forward everything unchanged (the control case)",
     "keep-acts-like-abort": "pause(mode=keep) is forwarded as mode=abort",
+    "keep-acts-like-wait": "pause(mode=keep) is forwarded as mode=wait: it returns once the requests finished",
     "wait-acts-like-abort": "pause(mode=wait) is forwarded as mode=abort",
     "abort-acts-like-keep": "pause(mode=abort) is forwarded as mode=keep: requests in flight are frozen, not ended",
     "abort-reported-as-stop": "completions report finish_reason 'stop' where the server said 'abort'",
@@ -53,6 +54,12 @@ BREAKS = {
                                 "said 'abort'",
     "spans-collapsed": "generate reports one weight-version span (the last version) over the whole output",
     "resumed-logprobs-altered": "streams that were open when /resume passed get every later logprob lowered by 0.25",
+    # How continuity is judged (fixtures/continuity.py): drift a correct server shows, and breaks it must catch.
+    "resumed-logprobs-jitter": "streams that were open when /resume passed get every later logprob scaled by "
+                               "1 + 1e-6 (the drift of another kernel path: a correct server)",
+    "resumed-logprob-shifted": "the first logprob a stream gets after /resume is lowered by 0.01",
+    "resumed-token-flipped": "the first token a stream gets after /resume is replaced by the candidate of its top "
+                             "logprobs that trails the sampled one most (a flip where the gap is large)",
     "front-end-misses-pause": "every second GET /is_paused answers false, as from a front-end that missed the pause",
     # Breaks only a sequence exposes (the model-based test, selftests/test_model_based_detection.py).
     "abort-spares-frozen": "pause(mode=abort) on a server already paused with keep answers 200 without reaching it: "
@@ -171,6 +178,8 @@ class BrokenProxy:
             mode = query.get("mode", "abort")
             if "keep-acts-like-abort" in b and mode == "keep":
                 query["mode"] = "abort"
+            elif "keep-acts-like-wait" in b and mode == "keep":
+                query["mode"] = "wait"
             elif "wait-acts-like-abort" in b and mode == "wait":
                 query["mode"] = "abort"
             elif "abort-acts-like-keep" in b and mode == "abort":
@@ -267,18 +276,50 @@ class BrokenProxy:
                 if spans and len(spans) > 1:
                     c["weight_versions"] = [{"version": spans[-1]["version"], "start": 0, "end": spans[-1]["end"]}]
 
-        def alter_resumed_logprobs(body):
+        def resumed_logprobs(body, change):
+            """Replaces every logprob x a stream gets after resume by change(x)."""
             if not stream["resumed"]:
                 return
             for c in body.get("choices") or []:
                 lp = c.get("logprobs") or {}
                 if lp.get("token_logprobs"):
-                    lp["token_logprobs"] = [x - 0.25 for x in lp["token_logprobs"]]
+                    lp["token_logprobs"] = [change(x) for x in lp["token_logprobs"]]
                 for entry in lp.get("content") or []:
-                    entry["logprob"] -= 0.25
+                    entry["logprob"] = change(entry["logprob"])
+
+        def resumed_first_token(body, change):
+            """Calls change(choice, logprobs) once, on the first chunk with a token a stream gets after resume."""
+            if not stream["resumed"] or stream.get("changed"):
+                return
+            for c in body.get("choices") or []:
+                lp = c.get("logprobs") or {}
+                if lp.get("token_logprobs") or lp.get("content"):
+                    change(c, lp)
+                    stream["changed"] = True
+                    return
+
+        def shift_one(c, lp):
+            if lp.get("token_logprobs"):
+                lp["token_logprobs"][0] -= 0.01
+            else:
+                lp["content"][0]["logprob"] -= 0.01
+
+        def flip_one(c, lp):
+            if lp.get("top_logprobs"):  # completions: {"token_id:ID": logprob}
+                top = lp["top_logprobs"][0]
+                key = min(top, key=top.get)
+                c["token_ids"][0], lp["token_logprobs"][0] = int(key.rpartition(":")[2]), top[key]
+            else:  # chat / generate: [{"token"|"token_id", "logprob"}]
+                entry = lp["content"][0]
+                low = min(entry["top_logprobs"], key=lambda t: t["logprob"])
+                c["token_ids"][0] = low.get("token_id", int(str(low.get("token")).rpartition(":")[2]))
+                entry["logprob"] = low["logprob"]
 
         return {"chat-abort-unmarked": unmark_chat_abort, "group-sample-not-aborted": spare_sample_1,
-                "spans-collapsed": collapse_spans, "resumed-logprobs-altered": alter_resumed_logprobs}
+                "spans-collapsed": collapse_spans, "resumed-logprobs-altered": lambda body: resumed_logprobs(body, lambda x: x - 0.25),
+                "resumed-logprobs-jitter": lambda body: resumed_logprobs(body, lambda x: x * (1 + 1e-6)),
+                "resumed-logprob-shifted": lambda body: resumed_first_token(body, shift_one),
+                "resumed-token-flipped": lambda body: resumed_first_token(body, flip_one)}
 
     async def _older_description(self) -> dict:
         """The upstream's /openapi.json without keep mode and /abort_requests (before-keep-mode)."""

@@ -40,6 +40,8 @@ def test_everything_that_runs_in_attach_mode_passes_against_a_server_whose_engin
     record_property("observed", f"exit {run.code} after {run.seconds:.0f} s; totals {report['totals']}; "
                                 f"rows with void trials: {', '.join(void) or 'none'}")
     assert_no_false_failure(run, "a correct server with a fast small model")
+    not_judged = [f"{r['id']}: {r['reason'][:200]}" for r in report["rows"] if r["verdict"] == "not judged"]
+    assert not not_judged, "rows not judged against a correct fast server:\n" + "\n".join(not_judged)
 
 
 ABORT_BREAKS = [
