@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from vllm_rl_conformance.fixtures import lifecycle
+from vllm_rl_conformance.fixtures import lifecycle, outcomes
 from vllm_rl_conformance.fixtures.client import SHORT_PROMPT
 from vllm_rl_conformance.fixtures.metrics import engine_state
 from vllm_rl_conformance.fixtures.timing import cpu_wait_s
@@ -70,9 +70,8 @@ def eight_in_flight(streams, running, tokens, budget, name):
         if all(s.first_token.is_set() for s in running) and not any(s.done.is_set() for s in running):
             return running
         if time.monotonic() > deadline:
-            pytest.fail(f"test precondition: {STREAMS} streams were never in flight together within "
-                        f"{3 * budget.finish_s(tokens):.0f} s: "
-                        + "; ".join(s.describe() for s in running), pytrace=False)
+            outcomes.not_judged(f"{STREAMS} streams were never in flight together within "
+                                f"{3 * budget.finish_s(tokens):.0f} s: " + "; ".join(s.describe() for s in running))
         time.sleep(0.01)
 
 

@@ -14,7 +14,7 @@ shared one down; what a release does is its expectations entry (`seeded_chunked_
 
 import pytest
 
-from vllm_rl_conformance.fixtures import expectations, model_builder
+from vllm_rl_conformance.fixtures import expectations, model_builder, outcomes
 from vllm_rl_conformance.fixtures.client import request_once
 from vllm_rl_conformance.fixtures.control import ControlPlane
 
@@ -45,11 +45,11 @@ def test_a_seeded_request_whose_prompt_is_prefilled_in_chunks_completes_and_the_
         expected = expectations.of(srv, control, settings.expectations).for_test(
             lambda c: record_property("expectation", c.as_dict()))
         prompt_tokens = len(control.tokenize(srv.model, PROMPT))
-        assert min(prompt_tokens, len(control.tokenize(srv.model, UNSEEDED_PROMPT))) > BATCH_TOKENS, (
-            f"test precondition: a prompt has no more than the {BATCH_TOKENS} tokens the server prefills per step")
+        if min(prompt_tokens, len(control.tokenize(srv.model, UNSEEDED_PROMPT))) <= BATCH_TOKENS:
+            outcomes.not_judged(f"a prompt has no more than the {BATCH_TOKENS} tokens the server prefills per step")
         unseeded = request_once(srv, srv.model, UNSEEDED_PROMPT, ANSWER_TOKENS, timeout=120, **SAMPLED)
-        assert unseeded.sample_tokens == [ANSWER_TOKENS], (
-            f"test precondition: the request without a seed did not complete: {unseeded.describe()}")
+        if unseeded.sample_tokens != [ANSWER_TOKENS]:
+            outcomes.not_judged(f"the request without a seed did not complete: {unseeded.describe()}")
         try:
             seeded = request_once(srv, srv.model, PROMPT, ANSWER_TOKENS, timeout=120, seed=SEED, **SAMPLED)
             answered = seeded.describe()

@@ -12,6 +12,7 @@ engine for both clear_cache runs, one fresh V2 engine for validation; conftest.p
 import pytest
 
 from vllm_rl_conformance.fixtures import expectations as expectations_mod
+from vllm_rl_conformance.fixtures import outcomes
 from vllm_rl_conformance.fixtures.capabilities import HOW
 from vllm_rl_conformance.fixtures.weight_swap import (NOOP, assert_every_post_swap_token_matches, classify, report,
                                                       span_mismatches)
@@ -37,8 +38,8 @@ def swap_expected(swap_runs, settings, note, record_property):
 def test_with_clear_cache_every_post_swap_token_equals_a_fresh_v2_engine(swap_runs, record_property):
     run = swap_runs[True]
     kinds = {v.record.kind for v in run.verdicts}
-    assert "paused" in kinds, (
-        f"test precondition: no request was mid-generation at the swap ({report(run.verdicts, run.title)})")
+    if "paused" not in kinds:
+        outcomes.not_judged(f"no request was mid-generation at the swap ({report(run.verdicts, run.title)})")
     text = assert_every_post_swap_token_matches(run)
     record_property("observed", text.replace("\n", " | "))
 
@@ -51,7 +52,8 @@ def test_which_post_swap_tokens_come_from_the_new_weights_follows_the_version_ex
     want = swap_expected.want(key)
     seen = {kind: classify(run.verdicts, kind) for kind in want}
     missing = [kind for kind, got in seen.items() if got is None]
-    assert not missing, f"test precondition: the run had no {missing} request: {report(run.verdicts, run.title)}"
+    if missing:
+        outcomes.not_judged(f"the run had no {missing} request: {report(run.verdicts, run.title)}")
     check = swap_expected.check(key, seen)
     assert check.matches, (
         f"{run.title}: observed {seen}, expected {want} ({swap_expected.source(key)}); "
@@ -83,9 +85,9 @@ def test_the_weight_version_spans_of_each_request_change_exactly_at_its_swap_ind
         pytest.skip(f"capability missing: weight_version_spans: the server does not offer "
                     f"{HOW['weight_version_spans']} (its {len(on_generate)} generate answers carry none)")
     with_spans = [r for r in run.phase1.records if r.weight_versions is not None and r.kind != "finished"]
-    assert any(r.kind == "paused" for r in with_spans), (
-        f"test precondition: no request on a surface with spans was swapped mid-generation "
-        f"({[(r.prompt_id, r.surface, r.kind) for r in run.phase1.records]})")
+    if not any(r.kind == "paused" for r in with_spans):
+        outcomes.not_judged(f"no request on a surface with spans was swapped mid-generation "
+                            f"({[(r.prompt_id, r.surface, r.kind) for r in run.phase1.records]})")
     problems = span_mismatches(run)
     record_property("observed", "; ".join(f"{r.prompt_id} ({r.kind}, swap at {r.swap_index}): "
                                           f"{[(x['version'], x['start'], x['end']) for x in r.weight_versions]}"

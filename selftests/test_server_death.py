@@ -6,7 +6,6 @@ report's "server died" entry names the test, the time and the cause."""
 
 import os
 import re
-from pathlib import Path
 
 import pytest
 
@@ -34,7 +33,7 @@ def assert_one_failure_naming_the_death(run, cause: str) -> dict:
     """Exactly one FAILED line, the killer's, naming the death; no ERROR; one death in the report."""
     assert run.failed_lines and all(line.startswith("FAILED") for line in run.failed_lines) \
         and len(run.failed_lines) == 1, (
-        f"expected one failure (the test during which the engine died), got:\n" + "\n".join(run.failed_lines)
+        "expected one failure (the test during which the engine died), got:\n" + "\n".join(run.failed_lines)
         + f"\n{run.output[-3000:]}")
     assert "engine_killer.py" in run.failed_lines[0] and "stopped answering during" in run.failed_lines[0], (
         f"the failure does not name the death: {run.failed_lines[0]}")
