@@ -158,10 +158,11 @@ def make_history(ctx: Context):
                 or "none")
 
         def _check_tokens(self, req, s):
-            ref, got = ctx.reference(req.surface, req.prompt), s.samples[0]
-            n = len(got.token_ids)  # a request ended early delivers a prefix of its reference
+            ref = ctx.reference(req.surface, req.prompt)
+            got = continuity.Rollout.of(s.samples[0])  # a copy: a running stream goes on growing
+            n = len(got.token_ids)  # a request ended early, or still running, delivers a prefix of its reference
             prefix = continuity.Rollout(ref.token_ids[:n], ref.logprobs[:n], ref.top_logprobs[:n])
-            judged = continuity.judge(continuity.Rollout.of(got), prefix, ctx.rule)
+            judged = continuity.judge(got, prefix, ctx.rule)
             assert judged.ok, (
                 f"request {req.rid} ({req.surface}) delivered {n} tokens that are not its uninterrupted "
                 f"greedy run: {judged.problem}; model: {req.state}; {self._state()}")
