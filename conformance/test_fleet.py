@@ -68,7 +68,7 @@ def _every_server_resumed(fleet, server_pool, request):
     request.node.stash[WATCHED] = [(m.server, m.server.log_size()) for m in fleet]
     yield
     for m in fleet:
-        if m.server.death is None and m.server.answers():
+        if m.server.usable():
             m.control.resume_ok()
 
 
