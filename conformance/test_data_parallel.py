@@ -1,4 +1,4 @@
-"""The P0 request lifecycle on one server with --data-parallel-size 2 (SPEC §4, §6).
+"""The P0 request lifecycle on one server with --data-parallel-size 2 (docs/attach.md).
 
 With two engines, pause and resume must reach both: the same checks as
 test_request_lifecycle.py (fixtures/lifecycle.py), against a server of its own. Launch mode

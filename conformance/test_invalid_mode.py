@@ -1,4 +1,4 @@
-"""P0 invalid mode preserves state: a bad `mode` is a client error and changes nothing (SPEC §2, §5).
+"""P0 invalid mode preserves state: a bad `mode` is a client error and changes nothing (docs/contract.md).
 
 The status code is a version-keyed expectation (golden/expectations.json): the design
 says 422, vLLM 0.32.0 answers 400. The body must point at the query parameter `mode`;
@@ -10,7 +10,7 @@ import pytest
 INVALID_MODE = "not-a-mode"
 
 
-pytestmark = [pytest.mark.area("P0 invalid mode preserves state")]
+pytestmark = [pytest.mark.conformance, pytest.mark.area("P0 invalid mode preserves state")]
 
 
 def error_locates_param(body, name: str) -> bool:

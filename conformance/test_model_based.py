@@ -44,6 +44,7 @@ SHRINK_SECONDS = 60
 TIMEOUT_S = 1500  # the test's bound: the generation budget on a slow server, then shrinking
 
 pytestmark = [
+    pytest.mark.conformance,
     pytest.mark.model_based,
     pytest.mark.requires("metrics", "abort_requests", "keep_mode"),
     pytest.mark.timeout(TIMEOUT_S),

@@ -1,4 +1,4 @@
-"""Regression (SPEC §6): pause answers promptly under load. With 8 streams in flight,
+"""Regression (docs/regressions.md): pause answers promptly under load. With 8 streams in flight,
 pause(keep) and pause(abort) must each return within a bound derived from the server's
 measured speed, in every one of 20 cycles; p50 / p99 are reported (`make bench`)."""
 
@@ -13,7 +13,7 @@ from vllm_rl_conformance.fixtures.metrics import engine_state
 from vllm_rl_conformance.fixtures.timing import cpu_wait_s
 
 # 20 cycles of 8 new streams each: ~6 s here, bounded above pytest.ini's 120 s for slow servers.
-pytestmark = [pytest.mark.regression, pytest.mark.timeout(300), pytest.mark.area("Regression: pause latency")]
+pytestmark = [pytest.mark.conformance, pytest.mark.regression, pytest.mark.timeout(300), pytest.mark.area("Regression: pause latency")]
 STREAMS = 8
 CYCLES = 20
 

@@ -1,11 +1,11 @@
-"""P0 state and idempotency: /pause, /resume and /is_paused as a state machine (SPEC §2)."""
+"""P0 state and idempotency: /pause, /resume and /is_paused as a state machine (docs/contract.md)."""
 
 import pytest
 
 MODES = ["abort", "wait", "keep"]
 
 
-pytestmark = [pytest.mark.area("P0 state and idempotency")]
+pytestmark = [pytest.mark.conformance, pytest.mark.area("P0 state and idempotency")]
 
 
 def _expect_200(response, what: str) -> None:

@@ -1,4 +1,4 @@
-"""Regression (SPEC §6): an abort must deliver finish_reason "abort" and the partial tokens
+"""Regression (docs/regressions.md): an abort must deliver finish_reason "abort" and the partial tokens
 to every kind of client, streaming or not, on every request surface, and never leave one
 waiting; /abort_requests with ids (X-Request-Id) aborts exactly those requests.
 
@@ -23,6 +23,7 @@ from vllm_rl_conformance.fixtures.timing import wait_until
 
 # Bound: up to VOID_TRIALS trials of requests as long as the context allows.
 pytestmark = [
+    pytest.mark.conformance,
     pytest.mark.regression,
     pytest.mark.requires("metrics"),
     pytest.mark.timeout(300),

@@ -1,4 +1,4 @@
-"""Regression (SPEC §6): the data-parallel drain race (verl PR #7511, vllm#51481).
+"""Regression (docs/regressions.md): the data-parallel drain race (verl PR #7511, vllm#51481).
 
 Under --data-parallel-size 2, a request admitted during a pause left the engines' running
 state stuck, and the next drain timed out. Here: pause(abort) with work in flight, send a

@@ -1,4 +1,4 @@
-"""Regression (SPEC §6): pause and resume stay idempotent when calls race, and never hang.
+"""Regression (docs/regressions.md): pause and resume stay idempotent when calls race, and never hang.
 
 verl #7846: duplicate resumes deadlocked; tokenspeed #346: a second pause left the first
 caller waiting. Here the racing calls start together (a barrier), each on its own
@@ -15,7 +15,7 @@ from vllm_rl_conformance.fixtures import lifecycle
 from vllm_rl_conformance.fixtures.client import SHORT_PROMPT
 from vllm_rl_conformance.fixtures.control import ControlPlane
 
-pytestmark = [pytest.mark.regression, pytest.mark.area("Regression: racing pause and resume")]
+pytestmark = [pytest.mark.conformance, pytest.mark.regression, pytest.mark.area("Regression: racing pause and resume")]
 WAVE = 4  # requests sent at the moment of the race
 
 

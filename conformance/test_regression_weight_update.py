@@ -1,4 +1,4 @@
-"""Regression (SPEC §6): weight updates and what they leave behind.
+"""Regression (docs/regressions.md): weight updates and what they leave behind.
 
 - Out-of-order weight-sync calls (vllm#57853: sleep -> start -> update crashed the engine):
   update before start, finish without start, start twice, calls while sleeping. Each must be
@@ -15,7 +15,7 @@ from vllm_rl_conformance.fixtures import model_builder
 from vllm_rl_conformance.fixtures.client import SHORT_PROMPT, complete, prompt_longer_than_a_cache_block
 from vllm_rl_conformance.fixtures.weight_swap import WARM_ANSWER_TOKENS, check_swap_recomputes_a_warm_prefix
 
-pytestmark = [pytest.mark.regression, pytest.mark.area("Regression: weight updates")]
+pytestmark = [pytest.mark.conformance, pytest.mark.regression, pytest.mark.area("Regression: weight updates")]
 UPDATE_INFO = {"names": ["model.norm.weight"], "dtype_names": ["float32"], "shapes": [[1]]}
 
 

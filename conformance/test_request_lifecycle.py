@@ -1,5 +1,5 @@
 """P0 mode request lifecycle: what pause(abort|wait|keep) does to a request in flight,
-to a request sent while paused, and what resume brings back (SPEC §2 table), on every
+to a request sent while paused, and what resume brings back (docs/contract.md), on every
 HTTP request surface a trainer rolls out through: completions, chat completions and
 the token-in/token-out /inference/v1/generate (fixtures/surfaces.py). A surface the server
 does not offer is skipped naming it; --vllm-surfaces says which ones a run certifies.
@@ -19,6 +19,7 @@ from vllm_rl_conformance.fixtures.surfaces import HTTP_SURFACES
 
 # Bound: a row may need up to lifecycle.VOID_TRIALS trials on a server that outruns its client.
 pytestmark = [
+    pytest.mark.conformance,
     pytest.mark.timeout(300),
     pytest.mark.parametrize("surface", HTTP_SURFACES),
     pytest.mark.area("P0 mode request lifecycle"),

@@ -16,7 +16,7 @@ from vllm_rl_conformance.fixtures import continuity, lifecycle
 from vllm_rl_conformance.fixtures.client import SHORT_PROMPT
 
 SAMPLED = dict(temperature=1.0, seed=20261130, logprobs=True)
-pytestmark = [pytest.mark.p1, pytest.mark.timeout(300), pytest.mark.area("Sampled rollouts across keep")]
+pytestmark = [pytest.mark.conformance, pytest.mark.p1, pytest.mark.timeout(300), pytest.mark.area("Sampled rollouts across keep")]
 
 
 @pytest.mark.row("sampling.keep-continuity",

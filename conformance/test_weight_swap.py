@@ -1,4 +1,4 @@
-"""Tier 2 (SPEC §3): pause(keep) mid-generation, swap V1 -> V2 from a trainer, resume; every
+"""Tier 2 (docs/tier2.md): pause(keep) mid-generation, swap V1 -> V2 from a trainer, resume; every
 post-swap token must equal what a fresh V2 engine produces from the same prefix.
 
 On CPU (this module, marker tier2) the trainer is a Ray actor that writes its weights and the

@@ -16,6 +16,7 @@ from vllm_rl_conformance.fixtures import lifecycle
 from vllm_rl_conformance.fixtures.surfaces import span_problems
 
 pytestmark = [
+    pytest.mark.conformance,
     pytest.mark.p0,
     pytest.mark.timeout(300),
     pytest.mark.parametrize("surface", ["generate"]),

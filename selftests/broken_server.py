@@ -29,7 +29,7 @@ BREAKS = {
     "is-paused-lies": "/is_paused always answers false",
     "invalid-mode-accepted": "pause with an unknown mode is forwarded as mode=keep (200, paused)",
     "clear-cache-ignored": "pause(clear_cache=true) is forwarded as clear_cache=false",
-    # Behaviours that differ between versions rather than bugs (SPEC section 5): the suite must
+    # Behaviours that differ between versions rather than bugs (docs/contract.md, version-dependent behaviour): the suite must
     # report what it saw and judge it by the version's expectations entry.
     "invalid-mode-422": "pause with an unknown mode answers 422 with FastAPI's detail[].loc (the design's status)",
     "refuse-while-paused-503": "completions sent while paused are refused with 503 (a later upstream behaviour)",
@@ -38,7 +38,7 @@ BREAKS = {
     # An older release: what it lacks is missing from its OpenAPI description too.
     "before-keep-mode": "an older release: /pause has no keep mode (422) and there is no /abort_requests (404); "
                         "/openapi.json says so",
-    # Field bugs (SPEC section 6), one per regression test.
+    # Field bugs (docs/attach.md), one per regression test.
     "wait-does-not-drain": "pause(mode=wait) is forwarded as mode=keep: it returns before the requests finish",
     "requests-run-while-paused": "pause answers 200 and /is_paused says true, but nothing is paused",
     "duplicate-resume-hangs": "a /resume that arrives while another is being answered never returns (verl #7846)",

@@ -11,11 +11,11 @@ import pytest
 from vllm_rl_conformance.fixtures import rows
 from vllm_rl_conformance.selftests.inner import assert_no_false_failure, check_break, run_suite
 
-# What a user runs in attach mode (README): every tier that needs no launcher of its own.
-ATTACH_SELECTION = "not gpu and not selftest and not tier2 and not fleet and not dp and not api_servers"
+# What a user runs in attach mode: the named selection (the `conformance` marker).
+ATTACH_SELECTION = "conformance"
 ABORT = rows.test_id("lifecycle.abort", "completions")
 ABORT_IDS = rows.test_id("regression.abort-requests-ids", "completions")
-SELECTION_BOUND_S = 600  # ~3 min on 2 cores; requests here are as long as the context allows
+SELECTION_BOUND_S = 600  # ~3-4 min on 2 cores; requests here are as long as the context allows
 
 pytestmark = [pytest.mark.selftest, pytest.mark.order(3)]
 
@@ -29,12 +29,11 @@ def fast_server(settings, server_pool):
 
 
 @pytest.mark.timeout(SELECTION_BOUND_S + 60)
-def test_everything_that_runs_in_attach_mode_passes_against_a_server_whose_engine_outruns_its_client(
+def test_the_conformance_selection_passes_on_every_surface_against_a_server_whose_engine_outruns_its_client(
         fast_server, tmp_path, record_property):
-    # On completions: the other surfaces share every check and its timing (run them by hand
-    # against a fast server with the README's attach command).
+    # Every surface the server offers, as a user's `pytest -m conformance --vllm-url URL` runs.
     run = run_suite(fast_server.url, fast_server.model, ["conformance"], tmp_path, "-m", ATTACH_SELECTION,
-                    "--timeout=300", "--vllm-surfaces=completions", bound=SELECTION_BOUND_S)
+                    "--timeout=300", bound=SELECTION_BOUND_S)
     report = run.report()
     void = [r["id"].rsplit("::", 1)[-1][:60] for r in report["rows"] if "void trial" in r["observed"]]
     record_property("observed", f"exit {run.code} after {run.seconds:.0f} s; totals {report['totals']}; "

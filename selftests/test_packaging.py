@@ -35,7 +35,7 @@ def attach_venv(tmp_path_factory):
     base = tmp_path_factory.mktemp("packaging")
     source, dist, venv = base / "source", base / "dist", base / "venv"
     shutil.copytree(ROOT, source, ignore=COPY_IGNORED)  # the build writes into its source tree
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", dist, source])
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", dist, source])
     wheel = next(dist.glob("vllm_rl_conformance-*.whl"))
     t0 = time.monotonic()
     run([sys.executable, "-m", "venv", venv])
@@ -46,6 +46,25 @@ def attach_venv(tmp_path_factory):
            f"{time.monotonic() - t0:.0f} s, {size_mb(venv):.0f} MB"
     yield python, cost
     shutil.rmtree(base, ignore_errors=True)
+
+
+def test_building_the_wheel_in_a_checkout_leaves_pytest_working_in_that_checkout(tmp_path, record_property):
+    """`pip wheel .` where a user works: nothing is left in the tree, and pytest run from its
+    root (`python -m pytest`, as `make conformance` runs it) still loads the suite's plugin."""
+    checkout = tmp_path / "checkout"
+    shutil.copytree(ROOT, checkout, ignore=COPY_IGNORED)
+    before = {p.name for p in checkout.iterdir()}
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", "dist", "."], cwd=checkout)
+    left = sorted({p.name for p in checkout.iterdir()} - before - {"dist"})
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "p0", "conformance"],
+                          cwd=checkout, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    last = (done.stdout.strip().splitlines() or [""])[-1]
+    record_property("observed", f"left in the tree: {left or 'nothing'}; then pytest --collect-only -m p0: exit "
+                                f"{done.returncode}, {last}")
+    assert not left, f"building the wheel left {left} in the checkout"
+    assert done.returncode == 0 and "collected" in last, (
+        f"after `pip wheel .`, pytest in the checkout stopped (exit {done.returncode}):\n"
+        f"{done.stdout[-1500:]}\n{done.stderr[-1500:]}")
 
 
 def test_the_attach_install_has_no_vllm_torch_or_ray(attach_venv, record_property):

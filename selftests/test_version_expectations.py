@@ -1,5 +1,5 @@
 """Version-dependent behaviour is observed, reported, and judged by the version's entry
-(SPEC §5), in both directions:
+(docs/contract.md, version-dependent behaviour), in both directions:
 
 - a server that answers an invalid mode with 422 and refuses requests sent while paused with
   503 fails against the 0.32 entry (400, queued), and the report shows exactly what it did;
@@ -187,7 +187,7 @@ def test_a_known_violation_is_reported_non_conformant_and_fails_the_run_only_wit
     path = edited_expectations(tmp_path, control.version(), invalid_mode_status=status,
                                violations={"invalid_mode_status": "bug #0: the evidence"})
     runs = {flag: run_suite(vllm_server.url, model, TARGETS[:1], tmp_path / f"report-{flag}",
-                            f"--vllm-expectations={path}", *([f"--vllm-fail-on-violations={flag}"] if flag else []),
+                            f"--vllm-expectations={path}", *(["--vllm-fail-on-violations"] if flag else []),
                             rates=vllm_server.rates) for flag in ("", "1")}
     reported, failed = runs[""], runs["1"]
     assert reported.code == 0, f"a known violation alone failed the run:\n{reported.output[-3000:]}"
