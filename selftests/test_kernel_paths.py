@@ -2,7 +2,7 @@
 the machine's own: the keep-continuity rows again, in a suite run whose launched server has
 oneDNN capped at another instruction set (ONEDNN_MAX_CPU_ISA; on an AVX-512 machine, AVX2).
 On an AVX-512 EPYC the default path re-computes a resumed context with float sums that differ
-from decode's in the 7th digit, and the capped path is bit-exact (README, "How continuity is
+from decode's in the 7th digit, and the capped path is bit-exact (docs/contract.md, "How continuity is
 judged"): the run must pass on both."""
 
 from pathlib import Path

@@ -60,7 +60,7 @@ def test_a_matrix_has_rows_down_and_releases_across_and_says_why_a_cell_did_not_
     assert "**FAIL** (1)" in text and "1. invalid_mode_status = 422" in text, text  # why it failed
     assert "does not install: ResolutionImpossible" in text and "not run" in text, text
     assert "| invalid_mode_status | 422 | 400 | 422 | - |" in text, text
-    brief = matrix.to_markdown(m, brief=True)  # the README's form: what differs from a pass
+    brief = matrix.to_markdown(m, brief=True)  # docs/matrix.md's form: what differs from a pass
     assert "state.initial" in text and "state.initial" not in brief and "the other 1 rows" in brief, brief
 
 

@@ -1,5 +1,5 @@
 """The model-based test catches breaks that only a sequence exposes, and that every scenario
-test of the suite misses (README, "Detection"): through a proxy that breaks one, it fails
+test of the suite misses (docs/selftests.md, the detection table): through a proxy that breaks one, it fails
 with the step that disagrees with the model and prints the shortest failing history. The
 unbroken proxy passes the same histories, so no failure is the proxy's.
 """
