@@ -3,7 +3,8 @@
 #                      the report table, validate reports/conformance.json against its schema
 #   make test          set up (if needed), then run what CI runs: conformance, fleet, data-parallel, API servers,
 #                      field-bug regressions, model-based histories, tier 2 on CPU, self-tests
-#   make bench         pause latency with 8 streams in flight: p50 / p99 over 20 cycles per mode
+#   make bench         how long make conformance and pytest -m p0 take, as multiples of one server start
+#                      (BENCH_TEST=1 adds make test), and pause latency; reports/bench/
 #   make tier2         tier 2 on CPU: weight swap while generating, validated against a fresh V2 engine
 #   make gpu-e2e       tier 2 on two GPUs over NCCL (own venv, requirements-gpu.txt); skips without two GPUs
 #   make matrix        the compatibility matrix: the suite against each vLLM release in MATRIX_VERSIONS (one
@@ -15,6 +16,9 @@ STAMP       := $(VENV)/.installed
 PYTEST_ARGS ?=
 # Rows `make conformance` runs; e.g. MARKERS="p0 or p1 or fleet or dp" adds the fleet and DP layouts.
 MARKERS     ?= p0 or p1
+# Rows `make test` runs (what CI runs).
+TEST_MARKERS ?= p0 or p1 or fleet or dp or api_servers or regression or model_based or tier2 or selftest
+BENCH_TEST  ?=
 REPORT      ?= reports/conformance.json
 # Free space `make setup` needs (GiB) where the venv goes and in the temp dir pip unpacks into.
 SETUP_FREE_GB ?= 8
@@ -51,7 +55,7 @@ conformance: setup
 	$(PY) -m fixtures.report validate $(REPORT) || { [ $$rc -ne 0 ] || rc=1; }; exit $$rc
 
 test: setup
-	@rc=0; $(PY) -m pytest -m "p0 or p1 or fleet or dp or api_servers or regression or model_based or tier2 or selftest" $(PYTEST_ARGS) || rc=$$?; \
+	@rc=0; $(PY) -m pytest -m "$(TEST_MARKERS)" $(PYTEST_ARGS) || rc=$$?; \
 	$(PY) -m fixtures.report validate $(REPORT) || { [ $$rc -ne 0 ] || rc=1; }; exit $$rc
 
 tier2: setup
@@ -60,9 +64,10 @@ tier2: setup
 selftest: setup
 	$(PY) -m pytest -m selftest $(PYTEST_ARGS)
 
-# Prints the figures in the report table at the end (observed column of the two latency rows).
+# Not a timed test: a record. Each run starts its own server.
 bench: setup
-	$(PY) -m pytest conformance/test_pause_latency.py $(PYTEST_ARGS)
+	$(PY) -m fixtures.bench --markers "$(MARKERS)" $(if $(BENCH_TEST),--test-markers "$(TEST_MARKERS)") \
+	  --pytest-args "$(PYTEST_ARGS)"
 
 # Each column installs its release once (disk checked first), then runs the suite against servers of that
 # release; the exit status is 1 if a column's run gave no verdicts or the matrix breaks its schema.
