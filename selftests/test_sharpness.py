@@ -128,3 +128,19 @@ def test_a_server_that_ignores_clear_cache_fails_the_stale_prefix_regression_aft
     message = str(caught.value)
     record_property("observed", "clear-cache-ignored: " + message[:200])
     assert "cached_tokens=" in message and "reused" in message, message
+
+
+def test_a_broken_surface_fails_only_its_own_rows_of_a_shared_pause_cycle(vllm_server, model, tmp_path,
+                                                                          record_property):
+    """The surfaces of a check share one pause cycle (fixtures/cycles.py): with chat's abort
+    unmarked, the abort row fails on chat alone, with chat's own message, and passes on the
+    surfaces that kept the contract in the same cycle."""
+    with ProxyThread(vllm_server.url, "chat-abort-unmarked") as proxy:
+        run = run_suite(proxy.url, model, [ABORT.rsplit("[", 1)[0]], tmp_path, rates=vllm_server.rates)
+    verdicts = {name: row["verdict"] for name, row in run.rows().items()}
+    record_property("observed", f"chat-abort-unmarked: exit {run.code} after {run.seconds:.1f} s; {verdicts}")
+    failed = [name for name, v in verdicts.items() if v == "fail"]
+    assert failed == [ABORT.rsplit("::", 1)[-1].replace("[completions]", "[chat]")], (
+        f"expected the abort row to fail on chat alone; verdicts {verdicts}\n{run.output[-3000:]}")
+    assert all(v in ("pass", "known deviation") for name, v in verdicts.items() if name not in failed), verdicts
+    assert "expected finish_reason 'abort'" in run.rows()[failed[0]]["reason"], run.rows()[failed[0]]
