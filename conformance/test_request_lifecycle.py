@@ -5,7 +5,8 @@ the token-in/token-out /inference/v1/generate (fixtures/surfaces.py). A surface 
 does not offer is skipped naming it; --vllm-surfaces says which ones a run certifies.
 
 Each check runs once for every surface (fixtures/cycles.py): one request per surface goes
-through the same pause and resume, and each surface's row is judged on its own. The checks
+through the same pause and resume, and each surface's row is judged on its own; the abort,
+wait and keep checks share their cycle with test_groups.py's streamed group. The checks
 are in fixtures/lifecycle_rows.py (test_data_parallel.py runs the same ones on a
 data-parallel server). Whether a request sent while paused is queued or refused is observed
 and checked against the version's expectation, per mode.
@@ -30,6 +31,7 @@ pytestmark = [
                  "pause(abort) MUST end an in-flight request with finish_reason abort and its partial tokens; a "
                  "request sent while paused MUST wait for resume, and nothing restarts.")
 @pytest.mark.p0
+@pytest.mark.cycle("lifecycle.abort")  # with the streamed group of test_groups.py
 def test_abort_ends_the_in_flight_request_with_finish_reason_abort_and_queues_new_ones_until_resume(
         surface, request, control, streams, budget, record_property):
     record_property("observed", cycles.observed(
@@ -40,6 +42,7 @@ def test_abort_ends_the_in_flight_request_with_finish_reason_abort_and_queues_ne
                  "pause(wait) MUST return only after the in-flight request finished normally; a request sent "
                  "while paused MUST wait for resume.")
 @pytest.mark.p0
+@pytest.mark.cycle("lifecycle.wait")  # with the streamed group of test_groups.py
 def test_wait_lets_the_in_flight_request_finish_before_pause_returns_and_queues_new_ones_until_resume(
         surface, request, control, streams, budget, record_property):
     record_property("observed", cycles.observed(
@@ -50,6 +53,7 @@ def test_wait_lets_the_in_flight_request_finish_before_pause_returns_and_queues_
                  "pause(keep) MUST freeze an in-flight request without ending it; resume MUST complete it and the "
                  "request sent while paused.")
 @pytest.mark.p0
+@pytest.mark.cycle("lifecycle.keep")  # with the streamed group of test_groups.py
 def test_keep_freezes_the_in_flight_request_and_resume_completes_it_and_the_queued_one(
         surface, request, control, streams, budget, record_property):
     record_property("observed", cycles.observed(

@@ -14,15 +14,32 @@ from vllm_rl_conformance.selftests.inner import check_break
 pytestmark = [pytest.mark.selftest, pytest.mark.model_based, pytest.mark.usefixtures("rates")]
 
 MODEL_BASED = rows.test_id("model.histories")
-SEED = 20261201
+# Each break is searched with a seed whose first histories make its sequence (measured on 0.32: the
+# history the break is found in, of HISTORIES, below): any seed finds it given enough histories
+# (seed 20261201 found them in histories 3 to 62 of 100), these within a few. Hypothesis draws the
+# same histories for the same seed and settings; a change to the history strategy or to Hypothesis
+# draws others, and the seeds are picked again (docs/selftests.md says how).
+HISTORIES, STEPS = 6, 12
+SEEDS = {
+    "abort-spares-frozen": 2,  # history 2
+    "abort-requests-ignored-while-paused": 1,  # history 5
+    "second-keep-cycle-repeats-a-token": 11,  # history 5
+    "first-keep-resume-repeats-a-token-once": 2,  # history 2
+}
 # Generation stops at the first failing history; shrinking it is bounded (its steps are asserted
 # below, and every failing history has them: shrinking only makes it shorter).
-SHRINK = "--vllm-mbt-shrink-seconds=30"
-SEARCH = ("--vllm-mbt-examples=100", "--vllm-mbt-steps=12", f"--vllm-mbt-seed={SEED}", SHRINK)
-# The unbroken proxy runs the histories the searches find their breaks in (with this seed: the
-# 3rd, 5th, 36th and 62nd) and no more.
-UNBROKEN = ("--vllm-mbt-examples=64", "--vllm-mbt-steps=12", f"--vllm-mbt-seed={SEED}", SHRINK)
-INNER_BOUND_S = 300  # the search, then shrinking
+SHRINK = "--vllm-mbt-shrink-seconds=20"
+
+
+def search(breakage: str) -> tuple[str, ...]:
+    return (f"--vllm-mbt-examples={HISTORIES}", f"--vllm-mbt-steps={STEPS}", f"--vllm-mbt-seed={SEEDS[breakage]}",
+            SHRINK)
+
+
+# The unbroken proxy passes the histories of one search, those of the break found last in its
+# seed's histories (and each failing history found is replayed through it, below).
+UNBROKEN = "second-keep-cycle-repeats-a-token"
+INNER_BOUND_S = 150  # the search, then shrinking
 
 GREEDY_FINDING = "that are not its uninterrupted greedy run"
 # (break, text the failure must contain, steps its shortest history must contain)
@@ -50,8 +67,8 @@ def shortest_history(run) -> tuple[int, str]:
 @pytest.mark.parametrize("breakage, message, steps", CASES, ids=[c[0] for c in CASES])
 def test_the_model_based_test_catches_a_break_only_a_sequence_exposes_and_prints_its_shortest_history(
         vllm_server, breakage, message, steps, tmp_path, record_property):
-    run = check_break(vllm_server, breakage, MODEL_BASED, message, tmp_path / "search", record_property, *SEARCH,
-                      bound=INNER_BOUND_S)
+    run = check_break(vllm_server, breakage, MODEL_BASED, message, tmp_path / "search", record_property,
+                      *search(breakage), bound=INNER_BOUND_S)
     n, history = shortest_history(run)
     assert all(step in history for step in steps), (
         f"the shortest history against {breakage} lacks the steps that expose it {steps}: {history}")
@@ -64,14 +81,16 @@ def test_the_model_based_test_catches_a_break_only_a_sequence_exposes_and_prints
 
 @pytest.mark.timeout(INNER_BOUND_S + 60)
 def test_the_unbroken_proxy_passes_the_same_histories(vllm_server, tmp_path, record_property):
-    check_break(vllm_server, "none", MODEL_BASED, None, tmp_path, record_property, *UNBROKEN, bound=INNER_BOUND_S)
+    check_break(vllm_server, "none", MODEL_BASED, None, tmp_path, record_property, *search(UNBROKEN),
+                bound=INNER_BOUND_S)
 
 
 @pytest.mark.timeout(INNER_BOUND_S + 60)
 def test_a_history_that_fails_once_and_passes_when_run_again_still_fails_the_row_and_names_its_steps(
         vllm_server, tmp_path, record_property):
-    run = check_break(vllm_server, "first-keep-resume-repeats-a-token-once", MODEL_BASED, GREEDY_FINDING, tmp_path,
-                      record_property, *SEARCH, bound=INNER_BOUND_S)
+    breakage = "first-keep-resume-repeats-a-token-once"
+    run = check_break(vllm_server, breakage, MODEL_BASED, GREEDY_FINDING, tmp_path, record_property, *search(breakage),
+                      bound=INNER_BOUND_S)
     n, history = shortest_history(run)
     observed = row_observed(run)
     assert "it passed when run again" in observed, f"the row does not say the failure did not recur: {observed}"
