@@ -6,7 +6,8 @@ does not offer is skipped naming it; --vllm-surfaces says which ones a run certi
 
 Each check runs once for every surface (fixtures/cycles.py): one request per surface goes
 through the same pause and resume, and each surface's row is judged on its own; the abort,
-wait and keep checks share their cycle with test_groups.py's streamed group. The checks
+wait and keep checks share their cycle with test_groups.py's streamed group, the
+keep-continuity check with test_sampled_rollouts.py's seeded sampled rollout. The checks
 are in fixtures/lifecycle_rows.py (test_data_parallel.py runs the same ones on a
 data-parallel server). Whether a request sent while paused is queued or refused is observed
 and checked against the version's expectation, per mode.
@@ -65,10 +66,11 @@ def test_keep_freezes_the_in_flight_request_and_resume_completes_it_and_the_queu
                  "uninterrupted run (clear_cache false and true), judged as fixtures/continuity.py says.")
 @pytest.mark.p0
 @pytest.mark.parametrize("clear_cache", [False, True], ids=["clear_cache-false", "clear_cache-true"])
+@pytest.mark.cycle("lifecycle.keep-continuity")  # with the seeded sampled rollout of test_sampled_rollouts.py
 def test_keep_then_resume_delivers_the_tokens_and_logprobs_of_an_uninterrupted_greedy_run(
         surface, request, control, streams, budget, clear_cache, continuity_rule, record_property):
-    record_property("observed", cycles.observed(request, lambda surfaces, _: rows.keep_continuity_rows(
-        control, streams, budget, clear_cache, continuity_rule, surfaces)))
+    record_property("observed", cycles.observed(request, lambda surfaces, expected_of: rows.keep_continuity_rows(
+        control, streams, budget, clear_cache, continuity_rule, surfaces, expected_of)))
 
 
 @pytest.mark.row("lifecycle.resume-effective",

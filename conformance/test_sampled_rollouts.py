@@ -6,16 +6,17 @@ equal, logprobs within the tolerance) or "diverges". Whether it holds depends on
 keeps a request's random generator across the freeze, and with clear_cache on whether the
 request is recomputed; what each version does is its expectations entry
 (`sampled_keep_continuity`, per clear_cache value).
-"""
 
-import time
+The sampled request is one more member ("sampled") of the greedy keep-continuity cycles of
+test_request_lifecycle.py: it goes through the same pause(keep, clear_cache) and resume, and
+its reference run goes beside theirs (fixtures/lifecycle_rows.py sampled_continuity judges it).
+"""
 
 import pytest
 
-from vllm_rl_conformance.fixtures import continuity, lifecycle
-from vllm_rl_conformance.fixtures.client import SHORT_PROMPT
+from vllm_rl_conformance.fixtures import cycles, lifecycle_rows
+from vllm_rl_conformance.fixtures.surfaces import SAMPLED_MEMBER
 
-SAMPLED = dict(temperature=1.0, seed=20261130, logprobs=True)
 pytestmark = [pytest.mark.conformance, pytest.mark.p1, pytest.mark.timeout(300), pytest.mark.area("Sampled rollouts across keep")]
 
 
@@ -23,24 +24,8 @@ pytestmark = [pytest.mark.conformance, pytest.mark.p1, pytest.mark.timeout(300),
                  "A seeded sampled request kept across pause(keep) MUST continue as the version's expectations "
                  "entry says (identical to the uninterrupted run on 0.32).")
 @pytest.mark.parametrize("clear_cache", [False, True], ids=["clear_cache-false", "clear_cache-true"])
+@pytest.mark.cycle("lifecycle.keep-continuity", member=SAMPLED_MEMBER)
 def test_a_seeded_sampled_rollout_kept_across_a_pause_continues_as_the_version_expects(
-        control, streams, budget, expected, clear_cache, continuity_rule, record_property):
-    s, frozen_at, trials = lifecycle.pause_keep_while_in_flight(control, streams, budget, clear_cache,
-                                                                name="sampled-kept", **SAMPLED)
-    time.sleep(budget.hold_s)  # the request sits paused for a while before resuming
-    control.resume_ok()
-    lifecycle.assert_completed(s, budget, s.max_tokens)
-    reference = streams(SHORT_PROMPT, s.max_tokens, name="sampled-uninterrupted", **SAMPLED)
-    lifecycle.assert_completed(reference, budget, s.max_tokens)
-    judged = continuity.judge(continuity.Rollout.of(s.samples[0]), continuity.Rollout.of(reference.samples[0]),
-                              continuity_rule)
-    observed = "identical" if judged.ok else "diverges"
-    detail = judged.problem or judged.observed
-    key, mode = "sampled_keep_continuity", f"clear_cache-{str(clear_cache).lower()}"
-    check = expected.check(key, observed, mode=mode)
-    record_property("observed", f"paused at token {frozen_at}; {s.n_tokens} sampled tokens (seed {SAMPLED['seed']}) "
-                                f"{observed} to the uninterrupted run: {detail} [rule: {judged.rule}]{trials}")
-    assert check.matches, (
-        f"a seeded sampled rollout kept across pause(keep, clear_cache={clear_cache}) {observed} from the same "
-        f"request run uninterrupted ({detail}; paused at token {frozen_at}); "
-        f"expected {check.expected!r} ({expected.source(key, mode)})")
+        request, control, streams, budget, clear_cache, continuity_rule, record_property):
+    record_property("observed", cycles.observed(request, lambda members, expected_of: lifecycle_rows.keep_continuity_rows(
+        control, streams, budget, clear_cache, continuity_rule, members, expected_of)))
