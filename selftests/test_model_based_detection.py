@@ -1,7 +1,8 @@
 """The model-based test catches breaks that only a sequence exposes, and that every scenario
 test of the suite misses (docs/selftests.md, the detection table): through a proxy that breaks one, it fails
-with the step that disagrees with the model and prints the shortest failing history. The
-unbroken proxy passes the same histories, so no failure is the proxy's.
+with the step that disagrees with the model and prints the shortest failing history. That history
+replayed through the unbroken proxy passes, so the failure is the break's, not the proxy's (that
+generated histories pass a correct server is the conformance run's own model-based row).
 """
 
 import re
@@ -28,7 +29,7 @@ SEEDS = {
 }
 # Generation stops at the first failing history; shrinking it is bounded (its steps are asserted
 # below, and every failing history has them: shrinking only makes it shorter).
-SHRINK = "--vllm-mbt-shrink-seconds=20"
+SHRINK = "--vllm-mbt-shrink-seconds=10"
 
 
 def search(breakage: str) -> tuple[str, ...]:
@@ -36,9 +37,6 @@ def search(breakage: str) -> tuple[str, ...]:
             SHRINK)
 
 
-# The unbroken proxy passes the histories of one search, those of the break found last in its
-# seed's histories (and each failing history found is replayed through it, below).
-UNBROKEN = "second-keep-cycle-repeats-a-token"
 INNER_BOUND_S = 150  # the search, then shrinking
 
 GREEDY_FINDING = "that are not its uninterrupted greedy run"
@@ -77,12 +75,6 @@ def test_the_model_based_test_catches_a_break_only_a_sequence_exposes_and_prints
                 f"--vllm-mbt-replay={history}")
     record_property("observed", f"{breakage}: caught after {run.seconds:.0f} s (search, shrinking); shortest history "
                                 f"({n} steps): {history}; the same history passes the unbroken proxy")
-
-
-@pytest.mark.timeout(INNER_BOUND_S + 60)
-def test_the_unbroken_proxy_passes_the_same_histories(vllm_server, tmp_path, record_property):
-    check_break(vllm_server, "none", MODEL_BASED, None, tmp_path, record_property, *search(UNBROKEN),
-                bound=INNER_BOUND_S)
 
 
 @pytest.mark.timeout(INNER_BOUND_S + 60)
