@@ -49,16 +49,16 @@ $(STAMP): requirements.txt requirements-lock.txt
 	touch $(STAMP)
 
 models: $(STAMP)
-	$(PY) -m fixtures.model_builder
+	$(PY) -m fixtures.driver.model_builder
 
 # The report is validated whatever the tests' outcome; the exit status is pytest's (or 1 if the report is invalid).
 conformance: setup
 	@rc=0; $(PY) -m pytest -m "$(MARKERS)" conformance $(PYTEST_ARGS) || rc=$$?; \
-	$(PY) -m fixtures.report validate $(REPORT) || { [ $$rc -ne 0 ] || rc=1; }; exit $$rc
+	$(PY) -m fixtures.results.report validate $(REPORT) || { [ $$rc -ne 0 ] || rc=1; }; exit $$rc
 
 test: setup
 	@rc=0; $(PY) -m pytest -m "$(TEST_MARKERS)" $(PYTEST_ARGS) || rc=$$?; \
-	$(PY) -m fixtures.report validate $(REPORT) || { [ $$rc -ne 0 ] || rc=1; }; exit $$rc
+	$(PY) -m fixtures.results.report validate $(REPORT) || { [ $$rc -ne 0 ] || rc=1; }; exit $$rc
 
 tier2: setup
 	$(PY) -m pytest -m tier2 conformance $(PYTEST_ARGS)
@@ -68,13 +68,13 @@ selftest: setup
 
 # Not a timed test: a record. Each run starts its own server.
 bench: setup
-	$(PY) -m fixtures.bench --markers "$(MARKERS)" $(if $(BENCH_TEST),--test-markers "$(TEST_MARKERS)") \
+	$(PY) -m fixtures.results.bench --markers "$(MARKERS)" $(if $(BENCH_TEST),--test-markers "$(TEST_MARKERS)") \
 	  --repeat $(BENCH_REPEAT) --pytest-args "$(PYTEST_ARGS)"
 
 # Each column installs its release once (disk checked first), then runs the suite against servers of that
 # release; the exit status is 1 if a column's run gave no verdicts or the matrix breaks its schema.
 matrix: setup
-	$(PY) -m fixtures.matrix run --versions "$(MATRIX_VERSIONS)" --package $(MATRIX_PACKAGE) \
+	$(PY) -m fixtures.results.matrix run --versions "$(MATRIX_VERSIONS)" --package $(MATRIX_PACKAGE) \
 	  --markers "$(MATRIX_MARKERS)" --venvs $(MATRIX_VENVS) --pytest-args "$(PYTEST_ARGS)"
 
 # The CUDA build of vLLM in its own venv. With fewer than two GPUs and the CUDA build asked for, the gpu tests
@@ -87,11 +87,11 @@ GPU_CONSTRAINTS ?=
 gpu-e2e:
 	@n=$$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); \
 	if [ "$${n:-0}" -ge 2 ] && [ "$(GPU_VLLM)" = vllm ]; then \
-	  $(MAKE) $(GPU_VENV)/.installed && $(GPU_PY) -m fixtures.model_builder && \
+	  $(MAKE) $(GPU_VENV)/.installed && $(GPU_PY) -m fixtures.driver.model_builder && \
 	  VLLM_CONFORMANCE_SERVER_ARGS="$(GPU_SERVER_ARGS)" $(GPU_PY) -m pytest -m "$(GPU_MARKERS)" conformance -rs $(PYTEST_ARGS); \
 	elif [ "$(GPU_VLLM)" != vllm ]; then \
 	  echo "gpu-e2e: $(GPU_VLLM) stands in for vllm in $(GPU_VENV); $${n:-0} GPU(s), so the gpu tests skip."; \
-	  $(MAKE) $(GPU_VENV)/.installed && $(GPU_PY) -m fixtures.model_builder && \
+	  $(MAKE) $(GPU_VENV)/.installed && $(GPU_PY) -m fixtures.driver.model_builder && \
 	  $(GPU_PY) -m pytest -m "$(GPU_MARKERS)" conformance -rs $(PYTEST_ARGS); \
 	else \
 	  echo "gpu-e2e: nvidia-smi lists $${n:-0} GPU(s); tier 2 on GPUs needs 2. Running the gpu tests here so they report the skip."; \

@@ -14,8 +14,8 @@ import time
 import pytest
 import requests
 
-from vllm_rl_conformance.fixtures import lifecycle
-from vllm_rl_conformance.fixtures.control import CONTROL_TIMEOUT
+from vllm_rl_conformance.fixtures.checks import lifecycle
+from vllm_rl_conformance.fixtures.driver.control import CONTROL_TIMEOUT
 
 CONNECTIONS = 8  # fresh connections per check: the chance all land on one of 2 front-ends is 1/128
 

@@ -9,7 +9,7 @@ What clear_cache does under mode=keep is a version-keyed expectation.
 
 import pytest
 
-from vllm_rl_conformance.fixtures.client import complete, prompt_longer_than_a_cache_block
+from vllm_rl_conformance.fixtures.driver.client import complete, prompt_longer_than_a_cache_block
 
 pytestmark = [
     pytest.mark.conformance,

@@ -1,7 +1,7 @@
 """The P0 request lifecycle on one server with --data-parallel-size 2 (docs/attach.md).
 
 With two engines, pause and resume must reach both: the same checks as
-test_request_lifecycle.py (fixtures/lifecycle_rows.py), against a server of its own. Launch mode
+test_request_lifecycle.py (fixtures/checks/lifecycle_rows.py), against a server of its own. Launch mode
 starts what `vllm serve --data-parallel-size 2` runs by default: two engines behind two API
 servers on one port (test_api_servers.py checks what the API servers must share, on the same
 server). In attach mode the attached server is used if it reports a data-parallel size of 2
@@ -10,7 +10,7 @@ or more.
 
 import pytest
 
-from vllm_rl_conformance.fixtures import lifecycle_rows
+from vllm_rl_conformance.fixtures.checks import lifecycle_rows
 
 
 pytestmark = [

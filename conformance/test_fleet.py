@@ -13,15 +13,16 @@ from dataclasses import dataclass
 
 import pytest
 
-from vllm_rl_conformance.fixtures import capabilities as capabilities_mod
-from vllm_rl_conformance.fixtures import expectations as expectations_mod
-from vllm_rl_conformance.fixtures import lifecycle, plugin
-from vllm_rl_conformance.fixtures.budget import Budget, budget_of
-from vllm_rl_conformance.fixtures.control import ControlPlane
-from vllm_rl_conformance.fixtures.metrics import engine_state
-from vllm_rl_conformance.fixtures.run_hooks import WATCHED
-from vllm_rl_conformance.fixtures.server import Server
-from vllm_rl_conformance.fixtures.timing import wait_until
+from vllm_rl_conformance.fixtures.driver import capabilities as capabilities_mod
+from vllm_rl_conformance.fixtures.checks import expectations as expectations_mod
+from vllm_rl_conformance.fixtures.checks import lifecycle
+from vllm_rl_conformance.fixtures.plugin import entry as plugin
+from vllm_rl_conformance.fixtures.checks.budget import Budget, budget_of
+from vllm_rl_conformance.fixtures.driver.control import ControlPlane
+from vllm_rl_conformance.fixtures.driver.metrics import engine_state
+from vllm_rl_conformance.fixtures.plugin.run_hooks import WATCHED
+from vllm_rl_conformance.fixtures.driver.server import Server
+from vllm_rl_conformance.fixtures.driver.timing import wait_until
 
 MODES = ["abort", "wait", "keep"]
 

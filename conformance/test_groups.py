@@ -4,10 +4,10 @@ Every sample of a group is its own sequence in the engine under one parent reque
 each mode must reach every child: abort ends each one with finish_reason "abort" and its
 partial tokens and leaves nothing in the engine (vllm#51629: an aborted n > 1 request
 leaked its parent), wait lets each one finish, keep freezes each one and resume completes
-all of them. Streamed groups run the same checks as single requests (fixtures/lifecycle_rows.py),
+all of them. Streamed groups run the same checks as single requests (fixtures/checks/lifecycle_rows.py),
 in the same pause cycles as the single requests of test_request_lifecycle.py;
 a non-streamed group shows nothing until its answer, so "in flight" and "frozen" are read
-from the engine's counters. Groups are sampled and not seeded (fixtures/surfaces.py GROUP).
+from the engine's counters. Groups are sampled and not seeded (fixtures/driver/surfaces.py GROUP).
 """
 
 import time
@@ -17,11 +17,11 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import pytest
 
-from vllm_rl_conformance.fixtures import cycles, lifecycle, lifecycle_rows
-from vllm_rl_conformance.fixtures.client import SHORT_PROMPT, request_once
-from vllm_rl_conformance.fixtures.metrics import engine_state
-from vllm_rl_conformance.fixtures.surfaces import GROUP, GROUP_MEMBER, engine_request_id
-from vllm_rl_conformance.fixtures.timing import wait_until
+from vllm_rl_conformance.fixtures.checks import cycles, lifecycle, lifecycle_rows
+from vllm_rl_conformance.fixtures.driver.client import SHORT_PROMPT, request_once
+from vllm_rl_conformance.fixtures.driver.metrics import engine_state
+from vllm_rl_conformance.fixtures.driver.surfaces import GROUP, GROUP_MEMBER, engine_request_id
+from vllm_rl_conformance.fixtures.driver.timing import wait_until
 
 pytestmark = [pytest.mark.conformance, pytest.mark.p0, pytest.mark.timeout(300), pytest.mark.area("P0 request lifecycle, groups (n > 1)")]
 

@@ -16,10 +16,11 @@ import time
 
 import pytest
 
-from vllm_rl_conformance.fixtures import continuity, lifecycle, model_builder
-from vllm_rl_conformance.fixtures.inprocess_engine import LifecycleEngineStart
-from vllm_rl_conformance.fixtures.budget import Budget, Rates, make_budget
-from vllm_rl_conformance.fixtures.client import SHORT_PROMPT
+from vllm_rl_conformance.fixtures.checks import continuity, lifecycle
+from vllm_rl_conformance.fixtures.driver import model_builder
+from vllm_rl_conformance.fixtures.tier2.inprocess_engine import LifecycleEngineStart
+from vllm_rl_conformance.fixtures.checks.budget import Budget, Rates, make_budget
+from vllm_rl_conformance.fixtures.driver.client import SHORT_PROMPT
 
 CALL_TIMEOUT = 60.0  # seconds for one call into the actor
 ENGINE_ARGS = dict(dtype="float32", enforce_eager=True, max_model_len=4096, kv_cache_memory_bytes=268435456,
@@ -88,7 +89,7 @@ def describe(st: dict) -> str:
 
 
 def START_EARLY(settings):
-    """The engine builds beside the shared server's start (fixtures/pool.py: start_early)."""
+    """The engine builds beside the shared server's start (fixtures/plugin/pool.py: start_early)."""
     if settings.attach or not settings.own_python:
         return None
     return lambda: LifecycleEngineStart(settings.model or str(model_builder.ensure("v1")), ENGINE_ARGS)

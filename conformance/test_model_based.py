@@ -1,5 +1,5 @@
 """Model-based: generated histories of control calls and requests, each step checked against
-the reference model of the contract (fixtures/contract_model.py), and a failing history
+the reference model of the contract (fixtures/checks/contract_model.py), and a failing history
 shrunk to the shortest one that still fails (Hypothesis: a history is a list of steps it draws,
 runs and shrinks).
 
@@ -30,12 +30,12 @@ import pytest
 from hypothesis import HealthCheck, Phase, strategies as st
 from hypothesis.errors import FlakyFailure
 
-from vllm_rl_conformance.fixtures import contract_model as cm
-from vllm_rl_conformance.fixtures import continuity, lifecycle
-from vllm_rl_conformance.fixtures.client import SHORT_PROMPT, Sample, request_once
-from vllm_rl_conformance.fixtures.metrics import engine_state
-from vllm_rl_conformance.fixtures.surfaces import HTTP_SURFACES, engine_request_id, span_problems
-from vllm_rl_conformance.fixtures.timing import wait_until
+from vllm_rl_conformance.fixtures.checks import contract_model as cm
+from vllm_rl_conformance.fixtures.checks import continuity, lifecycle
+from vllm_rl_conformance.fixtures.driver.client import SHORT_PROMPT, Sample, request_once
+from vllm_rl_conformance.fixtures.driver.metrics import engine_state
+from vllm_rl_conformance.fixtures.driver.surfaces import HTTP_SURFACES, engine_request_id, span_problems
+from vllm_rl_conformance.fixtures.driver.timing import wait_until
 
 PROMPTS = (SHORT_PROMPT, lifecycle.PAUSED_PROMPT)
 MAX_REQUESTS = 4  # requests started in one history (a fifth start is skipped)

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from vllm_rl_conformance.fixtures import lifecycle, outcomes
-from vllm_rl_conformance.fixtures.client import SHORT_PROMPT
-from vllm_rl_conformance.fixtures.metrics import engine_state
-from vllm_rl_conformance.fixtures.timing import cpu_wait_s
+from vllm_rl_conformance.fixtures.checks import lifecycle, outcomes
+from vllm_rl_conformance.fixtures.driver.client import SHORT_PROMPT
+from vllm_rl_conformance.fixtures.driver.metrics import engine_state
+from vllm_rl_conformance.fixtures.driver.timing import cpu_wait_s
 
 # 20 cycles of 8 new streams each: ~6 s here, bounded above pytest.ini's 120 s for slow servers.
 pytestmark = [pytest.mark.conformance, pytest.mark.regression, pytest.mark.timeout(300), pytest.mark.area("Regression: pause latency")]

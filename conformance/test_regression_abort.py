@@ -5,7 +5,7 @@ waiting; /abort_requests with ids (X-Request-Id) aborts exactly those requests.
 A non-streaming client shows nothing until its response arrives, so "in flight" is read from
 the engine's own counters (/metrics): running requests, and tokens generated so far. Whether
 a request was still running when the abort arrived is judged the same way (see
-fixtures/lifecycle.py): a trial in which the engine had already finished a request normally
+fixtures/checks/lifecycle.py): a trial in which the engine had already finished a request normally
 is void and repeated.
 """
 
@@ -15,11 +15,11 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import pytest
 
-from vllm_rl_conformance.fixtures import lifecycle, outcomes
-from vllm_rl_conformance.fixtures.client import SHORT_PROMPT, request_once
-from vllm_rl_conformance.fixtures.metrics import engine_state
-from vllm_rl_conformance.fixtures.surfaces import HTTP_SURFACES, engine_request_id
-from vllm_rl_conformance.fixtures.timing import wait_until
+from vllm_rl_conformance.fixtures.checks import lifecycle, outcomes
+from vllm_rl_conformance.fixtures.driver.client import SHORT_PROMPT, request_once
+from vllm_rl_conformance.fixtures.driver.metrics import engine_state
+from vllm_rl_conformance.fixtures.driver.surfaces import HTTP_SURFACES, engine_request_id
+from vllm_rl_conformance.fixtures.driver.timing import wait_until
 
 # Bound: up to VOID_TRIALS trials of requests as long as the context allows.
 pytestmark = [

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from vllm_rl_conformance.fixtures import lifecycle
-from vllm_rl_conformance.fixtures.metrics import engine_state
+from vllm_rl_conformance.fixtures.checks import lifecycle
+from vllm_rl_conformance.fixtures.driver.metrics import engine_state
 
 pytestmark = [
     pytest.mark.regression,

@@ -11,9 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from vllm_rl_conformance.fixtures import lifecycle
-from vllm_rl_conformance.fixtures.client import SHORT_PROMPT
-from vllm_rl_conformance.fixtures.control import ControlPlane
+from vllm_rl_conformance.fixtures.checks import lifecycle
+from vllm_rl_conformance.fixtures.driver.client import SHORT_PROMPT
+from vllm_rl_conformance.fixtures.driver.control import ControlPlane
 
 pytestmark = [pytest.mark.conformance, pytest.mark.regression, pytest.mark.area("Regression: racing pause and resume")]
 WAVE = 4  # requests sent at the moment of the race

@@ -14,9 +14,11 @@ shared one down; what a release does is its expectations entry (`seeded_chunked_
 
 import pytest
 
-from vllm_rl_conformance.fixtures import expectations, model_builder, outcomes
-from vllm_rl_conformance.fixtures.client import request_once
-from vllm_rl_conformance.fixtures.control import ControlPlane
+from vllm_rl_conformance.fixtures.checks import expectations
+from vllm_rl_conformance.fixtures.driver import model_builder
+from vllm_rl_conformance.fixtures.checks import outcomes
+from vllm_rl_conformance.fixtures.driver.client import request_once
+from vllm_rl_conformance.fixtures.driver.control import ControlPlane
 
 pytestmark = [pytest.mark.regression, pytest.mark.timeout(300), pytest.mark.area("Regression: seeded requests")]
 

@@ -11,9 +11,9 @@
 
 import pytest
 
-from vllm_rl_conformance.fixtures import model_builder
-from vllm_rl_conformance.fixtures.client import SHORT_PROMPT, complete, prompt_longer_than_a_cache_block
-from vllm_rl_conformance.fixtures.weight_swap import WARM_ANSWER_TOKENS, check_swap_recomputes_a_warm_prefix
+from vllm_rl_conformance.fixtures.driver import model_builder
+from vllm_rl_conformance.fixtures.driver.client import SHORT_PROMPT, complete, prompt_longer_than_a_cache_block
+from vllm_rl_conformance.fixtures.tier2.weight_swap import WARM_ANSWER_TOKENS, check_swap_recomputes_a_warm_prefix
 
 pytestmark = [pytest.mark.conformance, pytest.mark.regression, pytest.mark.area("Regression: weight updates")]
 UPDATE_INFO = {"names": ["model.norm.weight"], "dtype_names": ["float32"], "shapes": [[1]]}

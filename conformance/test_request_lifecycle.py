@@ -1,23 +1,23 @@
 """P0 mode request lifecycle: what pause(abort|wait|keep) does to a request in flight,
 to a request sent while paused, and what resume brings back (docs/contract.md), on every
 HTTP request surface a trainer rolls out through: completions, chat completions and
-the token-in/token-out /inference/v1/generate (fixtures/surfaces.py). A surface the server
+the token-in/token-out /inference/v1/generate (fixtures/driver/surfaces.py). A surface the server
 does not offer is skipped naming it; --vllm-surfaces says which ones a run certifies.
 
-Each check runs once for every surface (fixtures/cycles.py): one request per surface goes
+Each check runs once for every surface (fixtures/checks/cycles.py): one request per surface goes
 through the same pause and resume, and each surface's row is judged on its own; the abort,
 wait and keep checks share their cycle with test_groups.py's streamed group, the
 keep-continuity check with test_sampled_rollouts.py's seeded sampled rollout. The checks
-are in fixtures/lifecycle_rows.py (test_data_parallel.py runs the same ones on a
+are in fixtures/checks/lifecycle_rows.py (test_data_parallel.py runs the same ones on a
 data-parallel server). Whether a request sent while paused is queued or refused is observed
 and checked against the version's expectation, per mode.
 """
 
 import pytest
 
-from vllm_rl_conformance.fixtures import cycles
-from vllm_rl_conformance.fixtures import lifecycle_rows as rows
-from vllm_rl_conformance.fixtures.surfaces import HTTP_SURFACES
+from vllm_rl_conformance.fixtures.checks import cycles
+from vllm_rl_conformance.fixtures.checks import lifecycle_rows as rows
+from vllm_rl_conformance.fixtures.driver.surfaces import HTTP_SURFACES
 
 # Bound: a row may need up to lifecycle.VOID_TRIALS trials on a server that outruns its client.
 pytestmark = [
@@ -63,7 +63,7 @@ def test_keep_freezes_the_in_flight_request_and_resume_completes_it_and_the_queu
 
 @pytest.mark.row("lifecycle.keep-continuity",
                  "A greedy request kept across pause(keep) MUST deliver the tokens and logprobs of an "
-                 "uninterrupted run (clear_cache false and true), judged as fixtures/continuity.py says.")
+                 "uninterrupted run (clear_cache false and true), judged as fixtures/checks/continuity.py says.")
 @pytest.mark.p0
 @pytest.mark.parametrize("clear_cache", [False, True], ids=["clear_cache-false", "clear_cache-true"])
 @pytest.mark.cycle("lifecycle.keep-continuity")  # with the seeded sampled rollout of test_sampled_rollouts.py

@@ -1,7 +1,7 @@
 """Seeded sampled rollouts across pause(keep): RL samples (temperature 1), and a trainer that
 replays or audits a rollout relies on a per-request `seed` giving the same tokens. A sampled
 request kept across a pause is compared with the same request (same seed) run uninterrupted:
-"identical" (it continues the uninterrupted run, as fixtures/continuity.py judges: tokens
+"identical" (it continues the uninterrupted run, as fixtures/checks/continuity.py judges: tokens
 equal, logprobs within the tolerance) or "diverges". Whether it holds depends on how the engine
 keeps a request's random generator across the freeze, and with clear_cache on whether the
 request is recomputed; what each version does is its expectations entry
@@ -9,13 +9,13 @@ request is recomputed; what each version does is its expectations entry
 
 The sampled request is one more member ("sampled") of the greedy keep-continuity cycles of
 test_request_lifecycle.py: it goes through the same pause(keep, clear_cache) and resume, and
-its reference run goes beside theirs (fixtures/lifecycle_rows.py sampled_continuity judges it).
+its reference run goes beside theirs (fixtures/checks/lifecycle_rows.py sampled_continuity judges it).
 """
 
 import pytest
 
-from vllm_rl_conformance.fixtures import cycles, lifecycle_rows
-from vllm_rl_conformance.fixtures.surfaces import SAMPLED_MEMBER
+from vllm_rl_conformance.fixtures.checks import cycles, lifecycle_rows
+from vllm_rl_conformance.fixtures.driver.surfaces import SAMPLED_MEMBER
 
 pytestmark = [pytest.mark.conformance, pytest.mark.p1, pytest.mark.timeout(300), pytest.mark.area("Sampled rollouts across keep")]
 

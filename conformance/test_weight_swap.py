@@ -11,10 +11,10 @@ engine for both clear_cache runs, one fresh V2 engine for validation; conftest.p
 
 import pytest
 
-from vllm_rl_conformance.fixtures import expectations as expectations_mod
-from vllm_rl_conformance.fixtures import outcomes
-from vllm_rl_conformance.fixtures.capabilities import HOW
-from vllm_rl_conformance.fixtures.weight_swap import (NOOP, assert_every_post_swap_token_matches, classify, report,
+from vllm_rl_conformance.fixtures.checks import expectations as expectations_mod
+from vllm_rl_conformance.fixtures.checks import outcomes
+from vllm_rl_conformance.fixtures.driver.capabilities import HOW
+from vllm_rl_conformance.fixtures.tier2.weight_swap import (NOOP, assert_every_post_swap_token_matches, classify, report,
                                                       span_mismatches)
 
 pytestmark = [pytest.mark.tier2, pytest.mark.area("Tier 2 weight swap while generating"), pytest.mark.order(3)]

@@ -15,8 +15,8 @@ import json
 
 import pytest
 
-from vllm_rl_conformance.fixtures import model_builder
-from vllm_rl_conformance.fixtures.weight_swap import (MAX_TOKENS, PROMPTS, TRIGGER_TOKENS, Phase1Result, SwapRecord, SwapRun,
+from vllm_rl_conformance.fixtures.driver import model_builder
+from vllm_rl_conformance.fixtures.tier2.weight_swap import (MAX_TOKENS, PROMPTS, TRIGGER_TOKENS, Phase1Result, SwapRecord, SwapRun,
                                   assert_every_post_swap_token_matches, compare, fresh_reference, swap_experiment)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.area("Tier 2 weight swap on GPUs"), pytest.mark.order(3)]
@@ -56,7 +56,7 @@ def test_http_form_every_post_swap_token_equals_a_fresh_v2_engine_and_weight_inf
         two_gpus, models, server_pool, note, record_property):
     import ray
 
-    from vllm_rl_conformance.fixtures.trainer import Trainer, WeightSyncSwap, ray_session
+    from vllm_rl_conformance.fixtures.tier2.trainer import Trainer, WeightSyncSwap, ray_session
 
     v1, v2 = models
     server_pool.stop_all()
@@ -90,8 +90,8 @@ def test_in_process_form_every_post_swap_token_equals_a_fresh_v2_engine(two_gpus
     import ray
     from transformers import AutoTokenizer
 
-    from vllm_rl_conformance.fixtures.inprocess_engine import swap_engine_actor
-    from vllm_rl_conformance.fixtures.trainer import Trainer, WeightSyncSwap, ray_session
+    from vllm_rl_conformance.fixtures.tier2.inprocess_engine import swap_engine_actor
+    from vllm_rl_conformance.fixtures.tier2.trainer import Trainer, WeightSyncSwap, ray_session
 
     v1, v2 = models
     server_pool.stop_all()

@@ -12,8 +12,8 @@ import uuid
 
 import pytest
 
-from vllm_rl_conformance.fixtures import lifecycle
-from vllm_rl_conformance.fixtures.surfaces import span_problems
+from vllm_rl_conformance.fixtures.checks import lifecycle
+from vllm_rl_conformance.fixtures.driver.surfaces import span_problems
 
 pytestmark = [
     pytest.mark.conformance,

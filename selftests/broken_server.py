@@ -48,13 +48,13 @@ BREAKS = {
     "pause-is-slow": "every /pause answers 3 s late",
     "weight-update-out-of-order-accepted": "/start_weight_update, /update_weights, /finish_weight_update answer 200 "
                                            "without reaching the engine",
-    # The other request surfaces (fixtures/surfaces.py).
+    # The other request surfaces (fixtures/driver/surfaces.py).
     "chat-abort-unmarked": "chat streams lose finish_reason 'abort' (null instead)",
     "group-sample-not-aborted": "in a completion group, sample 1 reports finish_reason 'length' where the server "
                                 "said 'abort'",
     "spans-collapsed": "generate reports one weight-version span (the last version) over the whole output",
     "resumed-logprobs-altered": "streams that were open when /resume passed get every later logprob lowered by 0.25",
-    # How continuity is judged (fixtures/continuity.py): drift a correct server shows, and breaks it must catch.
+    # How continuity is judged (fixtures/checks/continuity.py): drift a correct server shows, and breaks it must catch.
     "resumed-logprobs-jitter": "streams that were open when /resume passed get every later logprob scaled by "
                                "1 + 1e-6 (the drift of another kernel path: a correct server)",
     "resumed-logprob-shifted": "the first logprob a stream gets after /resume is lowered by 0.01",

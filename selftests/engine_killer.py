@@ -8,7 +8,7 @@ import signal
 import psutil
 import pytest
 
-from vllm_rl_conformance.fixtures.client import SHORT_PROMPT
+from vllm_rl_conformance.fixtures.driver.client import SHORT_PROMPT
 
 PID_ENV = "KILL_ENGINE_OF_PID"
 pytestmark = pytest.mark.area("Self-test: a server whose engine dies")

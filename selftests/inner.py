@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from vllm_rl_conformance.fixtures import SUITE_ROOT
+
+ROOT = SUITE_ROOT
 INNER_BOUND_S = 120  # a targeted inner run must end well within this
 # What a copy of the suite leaves out (vendoring, building a wheel).
 COPY_IGNORED = shutil.ignore_patterns(".git", ".venv*", ".cache", "reports", "__pycache__", "*.pyc", "build", "dist",

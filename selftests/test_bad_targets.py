@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from vllm_rl_conformance.fixtures.server import free_port
+from vllm_rl_conformance.fixtures.driver.server import free_port
 from vllm_rl_conformance.selftests.broken_server import ProxyThread
 from vllm_rl_conformance.selftests.inner import run_suite
 

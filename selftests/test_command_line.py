@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from vllm_rl_conformance.fixtures import settings
-from vllm_rl_conformance.fixtures.settings import OPTIONS, SWITCHES
+from vllm_rl_conformance.fixtures.plugin import settings
+from vllm_rl_conformance.fixtures.plugin.settings import OPTIONS, SWITCHES
 from vllm_rl_conformance.selftests.inner import ROOT
 
 pytestmark = pytest.mark.selftest

@@ -1,4 +1,4 @@
-"""The continuity judgment (fixtures/continuity.py) on made-up rollouts, no server: drift of
+"""The continuity judgment (fixtures/checks/continuity.py) on made-up rollouts, no server: drift of
 another kernel path passes, a moved logprob or a clear flip fails naming its index, a flip at
 a genuine near-tie passes with the note. The same breaks through a server's answers:
 selftests/test_sharpness.py (resumed-logprob-shifted, resumed-token-flipped,
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from vllm_rl_conformance.fixtures.continuity import Rollout, Rule, judge
+from vllm_rl_conformance.fixtures.checks.continuity import Rollout, Rule, judge
 
 pytestmark = pytest.mark.selftest
 

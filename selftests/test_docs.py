@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_rl_conformance.fixtures import plugin
-from vllm_rl_conformance.fixtures.settings import OPTIONS
+from vllm_rl_conformance.fixtures.plugin import entry as plugin
+from vllm_rl_conformance.fixtures.plugin.settings import OPTIONS
 from vllm_rl_conformance.selftests.inner import ROOT
 
 pytestmark = pytest.mark.selftest

@@ -1,4 +1,4 @@
-"""No verdict depends on the server being slow. A much smaller model (fixtures/model_builder.py
+"""No verdict depends on the server being slow. A much smaller model (fixtures/driver/model_builder.py
 FAST: Qwen2-style, hidden 256, 3 layers, GQA, tied embeddings) served with a 2,048-token
 context runs its engine well ahead of what vLLM's API server and the client deliver, so
 "the client saw a token" no longer means "the engine still runs the request". Against it:
@@ -8,7 +8,7 @@ context runs its engine well ahead of what vLLM's API server and the client deli
 
 import pytest
 
-from vllm_rl_conformance.fixtures import rows
+from vllm_rl_conformance.fixtures.results import rows
 from vllm_rl_conformance.selftests.inner import assert_no_false_failure, check_break, run_suite
 
 # What a user runs in attach mode: the named selection (the `conformance` marker).

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_rl_conformance.fixtures import model_builder
-from vllm_rl_conformance.fixtures.client import complete
+from vllm_rl_conformance.fixtures.driver import model_builder
+from vllm_rl_conformance.fixtures.driver.client import complete
 
 pytestmark = pytest.mark.selftest
 

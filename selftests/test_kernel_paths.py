@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_rl_conformance.fixtures import rows
+from vllm_rl_conformance.fixtures.results import rows
 from vllm_rl_conformance.selftests.inner import run_suite
 
 pytestmark = [pytest.mark.selftest, pytest.mark.timeout(420)]

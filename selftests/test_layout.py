@@ -1,6 +1,7 @@
-"""The harness's shape a reader relies on: its modules import one another one way, with no
-cycle, counting the imports made inside functions too (a lazy import that only breaks a cycle
-at run time is still a cycle in the design)."""
+"""The harness's shape a reader relies on (fixtures/__init__.py): one inner package per concern,
+none of them crowded, imports running one way down the layers, and no import cycle anywhere in
+the suite, counting the imports made inside functions too (a lazy import that only breaks a
+cycle at run time is still a cycle in the design)."""
 
 import ast
 from pathlib import Path
@@ -13,6 +14,10 @@ pytestmark = [pytest.mark.selftest]
 
 PACKAGE = "vllm_rl_conformance"
 FOLDERS = ("fixtures", "conformance", "selftests")
+# The harness's inner packages, top to bottom: a module imports from its own package and from those
+# below it, never from one above (the root package, fixtures/__init__.py, from anywhere).
+LAYERS = ("plugin", "results", "tier2", "checks", "driver")
+MAX_MODULES = 12  # per harness folder
 
 
 def module_name(path: Path) -> str:
@@ -45,7 +50,7 @@ def imports_of(path: Path, modules: set[str]) -> set[str]:
 
 
 def import_graph() -> dict[str, set[str]]:
-    paths = [p for folder in FOLDERS for p in (ROOT / folder).glob("*.py")]
+    paths = [p for folder in FOLDERS for p in (ROOT / folder).rglob("*.py")]
     modules = {module_name(p) for p in paths}
     return {module_name(p): imports_of(p, modules) for p in paths}
 
@@ -77,8 +82,8 @@ def test_the_graph_reader_finds_a_cycle_where_there_is_one():
     assert a_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert a_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
     graph = import_graph()
-    assert "fixtures.control" in graph.get("fixtures.client", set()), (
-        f"the import reader misses client -> control: {sorted(graph.get('fixtures.client', ()))}")
+    assert "fixtures.driver.control" in graph.get("fixtures.driver.client", set()), (
+        f"the import reader misses client -> control: {sorted(graph.get('fixtures.driver.client', ()))}")
 
 
 def test_the_suites_modules_import_one_another_without_a_cycle(record_property):
@@ -87,3 +92,26 @@ def test_the_suites_modules_import_one_another_without_a_cycle(record_property):
     record_property("observed", f"{len(graph)} modules, {sum(map(len, graph.values()))} imports between them; "
                                 f"cycle: {' -> '.join(cycle) if cycle else 'none'}")
     assert cycle is None, f"an import cycle (imports inside functions count): {' -> '.join(cycle)}"
+
+
+def layer_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "fixtures" and len(parts) > 2 else None
+
+
+def test_each_harness_module_imports_only_its_own_layer_and_those_below(record_property):
+    graph = import_graph()
+    assert {layer_of(m) for m in graph} - {None} == set(LAYERS), (
+        f"the harness's packages are not the layers {LAYERS}: {sorted({layer_of(m) for m in graph} - {None})}")
+    upward = [f"{m} -> {dep}" for m, deps in sorted(graph.items()) if layer_of(m)
+              for dep in sorted(deps) if layer_of(dep) and LAYERS.index(layer_of(dep)) < LAYERS.index(layer_of(m))]
+    record_property("observed", f"layers {' > '.join(LAYERS)}; imports up a layer: {upward or 'none'}")
+    assert not upward, "imports up a layer (a module may import its own package and those below it):\n" + "\n".join(upward)
+
+
+def test_no_harness_folder_holds_more_than_a_dozen_modules(record_property):
+    counts = {str(folder.relative_to(ROOT)): sum(1 for p in folder.glob("*.py") if p.name != "__init__.py")
+              for folder in [ROOT / "fixtures", *sorted((ROOT / "fixtures").glob("*/"))] if folder.name != "__pycache__"}
+    record_property("observed", f"modules per folder: {counts}")
+    crowded = {k: n for k, n in counts.items() if n > MAX_MODULES}
+    assert not crowded, f"harness folders with more than {MAX_MODULES} modules: {crowded}"

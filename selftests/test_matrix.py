@@ -1,4 +1,4 @@
-"""The compatibility matrix's machinery (`make matrix`, fixtures/matrix.py), without installing a
+"""The compatibility matrix's machinery (`make matrix`, fixtures/results/matrix.py), without installing a
 release: two columns attached to the one server of this run give one matrix, valid against
 its schema, with the same verdict in both columns; the table, the comparison of two matrices
 and the measured expectations entry are checked on reports made up here."""
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from vllm_rl_conformance.fixtures import matrix, report, rows
+from vllm_rl_conformance.fixtures.results import matrix, report, rows
 from vllm_rl_conformance.selftests.inner import ROOT
 
 pytestmark = pytest.mark.selftest
@@ -47,7 +47,7 @@ def test_a_matrix_has_rows_down_and_releases_across_and_says_why_a_cell_did_not_
                                                                  initial: "pass"})),
                       column("0.32.0", made_up_report("0.32.0", {invalid: "fail", keep: "pass", initial: "pass"}, 422)),
                       column("0.26.0", None, install_error="does not install: ResolutionImpossible", exit_status=None)],
-                     "p0", "python -m fixtures.matrix run")
+                     "p0", "python -m fixtures.results.matrix run")
     assert matrix.validate(m) == [], matrix.validate(m)
     by_id = {r["id"]: r for r in m["rows"]}
     assert by_id[invalid]["row_id"] == "state.invalid-mode"
@@ -86,7 +86,7 @@ def test_the_entry_a_run_measured_has_the_observed_value_of_every_check_and_the_
 def test_two_columns_on_the_one_server_of_this_run_give_a_valid_matrix_with_the_same_verdicts(
         vllm_server, tmp_path, record_property):
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "fixtures.matrix", "run", "--markers", "p0",
+    cmd = [sys.executable, "-m", "fixtures.results.matrix", "run", "--markers", "p0",
            "--versions", f"first={vllm_server.url} second={vllm_server.url}", "--out", str(out),
            "--pytest-args", "-k 'state or invalid' --timeout=90"]
     try:

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from vllm_rl_conformance.fixtures import rows
+from vllm_rl_conformance.fixtures.results import rows
 from vllm_rl_conformance.selftests.inner import check_break
 
 pytestmark = [pytest.mark.selftest, pytest.mark.model_based, pytest.mark.usefixtures("rates")]

@@ -1,9 +1,9 @@
-"""Contract rows live once, as data (fixtures/rows.py): every P0/P1 test names its row, each
+"""Contract rows live once, as data (fixtures/results/rows.py): every P0/P1 test names its row, each
 row is stated once in MUST language, and the table in docs/contract.md is the one generated from them."""
 
 import pytest
 
-from vllm_rl_conformance.fixtures import rows
+from vllm_rl_conformance.fixtures.results import rows
 from vllm_rl_conformance.selftests.inner import ROOT
 
 pytestmark = pytest.mark.selftest
@@ -22,4 +22,4 @@ def test_the_table_of_rows_in_the_docs_is_generated_from_the_row_markers():
     text = (ROOT / rows.DOC).read_text()
     assert rows.BEGIN in text and rows.END in text, f"{rows.DOC} has no generated table of rows"
     assert rows.generated_table(text) == rows.table(rows.load()), (
-        f"{rows.DOC}'s table of rows is stale: run `python -m fixtures.rows` and paste its output")
+        f"{rows.DOC}'s table of rows is stale: run `python -m fixtures.results.rows` and paste its output")

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from vllm_rl_conformance.fixtures import rows
+from vllm_rl_conformance.fixtures.results import rows
 from vllm_rl_conformance.selftests.engine_killer import PID_ENV
 from vllm_rl_conformance.selftests.inner import run_suite
 
@@ -57,7 +57,7 @@ def test_launch_mode_reports_the_engines_own_error_once_starts_the_server_again_
 
 def test_attach_mode_reports_the_death_once_and_marks_the_rows_left_not_run(
         server_pool, tmp_path, record_property):
-    from vllm_rl_conformance.fixtures import model_builder
+    from vllm_rl_conformance.fixtures.driver import model_builder
 
     srv = server_pool.launch(str(model_builder.ensure("v1")), [], label="engine-killed")
     os.environ[PID_ENV] = str(srv.proc.pid)

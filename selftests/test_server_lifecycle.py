@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from vllm_rl_conformance.fixtures import server
-from vllm_rl_conformance.fixtures.timing import wait_until
+from vllm_rl_conformance.fixtures.driver import server
+from vllm_rl_conformance.fixtures.driver.timing import wait_until
 
 pytestmark = pytest.mark.selftest
 STUB = Path(__file__).with_name("stub_server.py")
@@ -29,7 +29,7 @@ def test_a_launched_server_has_its_own_group_in_the_suites_session_and_leaves_no
         facts = requests.get(srv.url + "/health", timeout=5).json()
         assert facts["pgid"] == srv.proc.pid, f"server not the leader of its own process group: {facts}"
         # One session: Linux schedules a session as one group, and a server in a session of its
-        # own left the test's threads waiting seconds for a CPU (fixtures/server.py).
+        # own left the test's threads waiting seconds for a CPU (fixtures/driver/server.py).
         assert facts["sid"] == os.getsid(0), f"server runs in session {facts['sid']}, the suite in {os.getsid(0)}"
         assert Path(facts["tmp"]) == srv.tmp_dir and (srv.tmp_dir / "left-behind.sock").exists(), (
             f"server's temp dir {facts['tmp']}, expected its private {srv.tmp_dir}")

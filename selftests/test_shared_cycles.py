@@ -1,11 +1,11 @@
-"""How a shared pause cycle (fixtures/cycles.py) keeps each surface's verdict its own: a
+"""How a shared pause cycle (fixtures/checks/cycles.py) keeps each surface's verdict its own: a
 surface whose check fails drops out with its own error while the others go on; a step the
 surfaces share fails every surface still in the cycle; a test's timeout is never taken for one
 surface's failure; every surface of the cycle ends with a result."""
 
 import pytest
 
-from vllm_rl_conformance.fixtures.cycles import Surfaces, only
+from vllm_rl_conformance.fixtures.checks.cycles import Surfaces, only
 
 pytestmark = pytest.mark.selftest
 

@@ -11,11 +11,12 @@ after each case.
 
 import pytest
 
-from vllm_rl_conformance.fixtures import model_builder, rows
-from vllm_rl_conformance.fixtures.client import prompt_longer_than_a_cache_block
-from vllm_rl_conformance.fixtures.control import ControlPlane
-from vllm_rl_conformance.fixtures.server import Server
-from vllm_rl_conformance.fixtures.weight_swap import WARM_ANSWER_TOKENS, check_swap_recomputes_a_warm_prefix
+from vllm_rl_conformance.fixtures.driver import model_builder
+from vllm_rl_conformance.fixtures.results import rows
+from vllm_rl_conformance.fixtures.driver.client import prompt_longer_than_a_cache_block
+from vllm_rl_conformance.fixtures.driver.control import ControlPlane
+from vllm_rl_conformance.fixtures.driver.server import Server
+from vllm_rl_conformance.fixtures.tier2.weight_swap import WARM_ANSWER_TOKENS, check_swap_recomputes_a_warm_prefix
 from vllm_rl_conformance.selftests.broken_server import ProxyThread
 from vllm_rl_conformance.selftests.inner import assert_no_false_failure, check_break, run_suite
 
@@ -90,7 +91,7 @@ def test_the_unbroken_proxy_passes_every_targeted_test(vllm_server, model, tmp_p
 def test_logprob_drift_of_another_kernel_path_does_not_fail_the_continuity_row(
         vllm_server, model, tmp_path, record_property):
     """Every logprob a resumed stream gets scaled by 1 + 1e-6 (another CPU's kernels re-computing
-    the context): fixtures/continuity.py's tolerance must let a correct server pass."""
+    the context): fixtures/checks/continuity.py's tolerance must let a correct server pass."""
     with ProxyThread(vllm_server.url, "resumed-logprobs-jitter") as proxy:
         run = run_suite(proxy.url, model, [CONTINUITY], tmp_path, rates=vllm_server.rates)
     record_property("observed", f"logprobs scaled by 1 + 1e-6 after resume: exit {run.code} after {run.seconds:.1f} s; "
@@ -132,7 +133,7 @@ def test_a_server_that_ignores_clear_cache_fails_the_stale_prefix_regression_aft
 
 def test_a_broken_surface_fails_only_its_own_rows_of_a_shared_pause_cycle(vllm_server, model, tmp_path,
                                                                           record_property):
-    """The surfaces of a check share one pause cycle (fixtures/cycles.py): with chat's abort
+    """The surfaces of a check share one pause cycle (fixtures/checks/cycles.py): with chat's abort
     unmarked, the abort row fails on chat alone, with chat's own message, and passes on the
     surfaces that kept the contract in the same cycle."""
     with ProxyThread(vllm_server.url, "chat-abort-unmarked") as proxy:

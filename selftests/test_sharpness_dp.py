@@ -5,7 +5,7 @@ The transparent proxy passes the same test."""
 
 import pytest
 
-from vllm_rl_conformance.fixtures import rows
+from vllm_rl_conformance.fixtures.results import rows
 from vllm_rl_conformance.selftests.inner import check_break
 
 # The outer run measures the server once; each inner run gets those rates (--vllm-rates).

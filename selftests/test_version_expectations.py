@@ -15,7 +15,8 @@ import json
 
 import pytest
 
-from vllm_rl_conformance.fixtures import expectations, report, rows
+from vllm_rl_conformance.fixtures.checks import expectations
+from vllm_rl_conformance.fixtures.results import report, rows
 from vllm_rl_conformance.selftests.broken_server import ProxyThread
 from vllm_rl_conformance.selftests.inner import run_suite
 
@@ -90,7 +91,7 @@ def test_every_known_bug_in_the_expectations_file_names_a_row_a_test_states():
             rows.test_id(row, param.rstrip("]") or None)
         except KeyError:
             unknown.append(f"{entry}: {key}")
-    assert not unknown, f"bugs keyed by a row id no test states (fixtures/rows.py): {unknown}"
+    assert not unknown, f"bugs keyed by a row id no test states (fixtures/results/rows.py): {unknown}"
 
 
 def test_a_failed_row_the_entry_names_a_known_bug_says_which_bug_and_stays_a_failure():

@@ -4,7 +4,7 @@ changes nothing must make tier 2 fail with a per-request mismatch report."""
 
 import pytest
 
-from vllm_rl_conformance.fixtures.weight_swap import (NOOP, SwapRecord, Verdict, assert_every_post_swap_token_matches, classify,
+from vllm_rl_conformance.fixtures.tier2.weight_swap import (NOOP, SwapRecord, Verdict, assert_every_post_swap_token_matches, classify,
                                   compare, pass_rate, report)
 
 pytestmark = [pytest.mark.selftest, pytest.mark.order(3)]

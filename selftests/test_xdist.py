@@ -4,7 +4,7 @@ each worker starts servers of its own."""
 
 import pytest
 
-from vllm_rl_conformance.fixtures import rows
+from vllm_rl_conformance.fixtures.results import rows
 from vllm_rl_conformance.selftests.inner import assert_no_false_failure, check_break, finding, run_suite
 
 pytestmark = [pytest.mark.selftest, pytest.mark.usefixtures("rates")]
