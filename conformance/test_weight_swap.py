@@ -14,8 +14,8 @@ import pytest
 from vllm_rl_conformance.fixtures.checks import expectations as expectations_mod
 from vllm_rl_conformance.fixtures.checks import outcomes
 from vllm_rl_conformance.fixtures.driver.capabilities import HOW
-from vllm_rl_conformance.fixtures.tier2.weight_swap import (NOOP, assert_every_post_swap_token_matches, classify, report,
-                                                      span_mismatches)
+from vllm_rl_conformance.fixtures.tier2.swap_verdicts import classify, report
+from vllm_rl_conformance.fixtures.tier2.weight_swap import NOOP, assert_every_post_swap_token_matches, span_mismatches
 
 pytestmark = [pytest.mark.tier2, pytest.mark.area("Tier 2 weight swap while generating"), pytest.mark.order(3)]
 

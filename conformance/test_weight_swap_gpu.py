@@ -16,8 +16,10 @@ import json
 import pytest
 
 from vllm_rl_conformance.fixtures.driver import model_builder
-from vllm_rl_conformance.fixtures.tier2.weight_swap import (MAX_TOKENS, PROMPTS, TRIGGER_TOKENS, Phase1Result, SwapRecord, SwapRun,
-                                  assert_every_post_swap_token_matches, compare, fresh_reference, swap_experiment)
+from vllm_rl_conformance.fixtures.tier2.swap_verdicts import SwapRecord, compare
+from vllm_rl_conformance.fixtures.tier2.weight_swap import (MAX_TOKENS, PROMPTS, TRIGGER_TOKENS, Phase1Result, SwapRun,
+                                                           assert_every_post_swap_token_matches, fresh_reference,
+                                                           swap_experiment)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.area("Tier 2 weight swap on GPUs"), pytest.mark.order(3)]
 

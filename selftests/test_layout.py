@@ -18,6 +18,7 @@ FOLDERS = ("fixtures", "conformance", "selftests")
 # below it, never from one above (the root package, fixtures/__init__.py, from anywhere).
 LAYERS = ("plugin", "results", "tier2", "checks", "driver")
 MAX_MODULES = 12  # per harness folder
+MAX_LINES = 300  # per harness module
 
 
 def module_name(path: Path) -> str:
@@ -115,3 +116,11 @@ def test_no_harness_folder_holds_more_than_a_dozen_modules(record_property):
     record_property("observed", f"modules per folder: {counts}")
     crowded = {k: n for k, n in counts.items() if n > MAX_MODULES}
     assert not crowded, f"harness folders with more than {MAX_MODULES} modules: {crowded}"
+
+
+def test_no_harness_module_is_longer_than_three_hundred_lines(record_property):
+    lengths = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in (ROOT / "fixtures").rglob("*.py")}
+    longest = max(lengths, key=lengths.get)
+    record_property("observed", f"{len(lengths)} modules; longest {longest} ({lengths[longest]} lines)")
+    long = {k: n for k, n in lengths.items() if n > MAX_LINES}
+    assert not long, f"harness modules over {MAX_LINES} lines: {long}"

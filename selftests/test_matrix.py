@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from vllm_rl_conformance.fixtures.results import matrix, report, rows
+from vllm_rl_conformance.fixtures.checks.outcomes import VERDICTS
+from vllm_rl_conformance.fixtures.results import matrix_table, report, rows
 from vllm_rl_conformance.selftests.inner import ROOT
 
 pytestmark = pytest.mark.selftest
@@ -28,7 +29,7 @@ def made_up_report(version: str, verdicts: dict[str, str], observed_status: int 
                 for test, v in verdicts.items()]
     caps = {"version": version}
     return {"generated_at": "2026-12-01T00:00:00", "platform": report.platform_info(), "rows": rows_out,
-            "totals": {v: sum(1 for x in verdicts.values() if x == v) for v in report.VERDICTS} | {"nonconformant": 0},
+            "totals": {v: sum(1 for x in verdicts.values() if x == v) for v in VERDICTS} | {"nonconformant": 0},
             "run": {"error": None},
             "servers": [{"capabilities": caps, "expectations": {"entry": "0.32", "fallback": version != "0.32.0"}}]}
 
@@ -43,41 +44,41 @@ def test_a_matrix_has_rows_down_and_releases_across_and_says_why_a_cell_did_not_
     invalid = rows.test_id("state.invalid-mode", "from-paused")
     keep = rows.test_id("lifecycle.keep", "completions")
     initial = rows.test_id("state.initial")
-    m = matrix.build([column("0.31.0", made_up_report("0.31.0", {invalid: "known deviation", keep: "skipped",
+    m = matrix_table.build([column("0.31.0", made_up_report("0.31.0", {invalid: "known deviation", keep: "skipped",
                                                                  initial: "pass"})),
                       column("0.32.0", made_up_report("0.32.0", {invalid: "fail", keep: "pass", initial: "pass"}, 422)),
                       column("0.26.0", None, install_error="does not install: ResolutionImpossible", exit_status=None)],
                      "p0", "python -m fixtures.results.matrix run")
-    assert matrix.validate(m) == [], matrix.validate(m)
+    assert matrix_table.validate(m) == [], matrix_table.validate(m)
     by_id = {r["id"]: r for r in m["rows"]}
     assert by_id[invalid]["row_id"] == "state.invalid-mode"
     assert {k: c["verdict"] for k, c in by_id[keep]["cells"].items()} == {"0.31.0": "skipped", "0.32.0": "pass"}
     check = m["checks"][0]
     assert (check["key"], check["observed"]) == ("invalid_mode_status", {"0.31.0": [400], "0.32.0": [422]}), check
-    text = matrix.to_markdown(m)
+    text = matrix_table.to_markdown(m)
     assert "| 0.31.0 | 0.32.0 | 0.26.0 |" in text, text
     assert "skipped: keep_mode missing" in text, text  # a capability the release lacks, named
     assert "**FAIL** (1)" in text and "1. invalid_mode_status = 422" in text, text  # why it failed
     assert "does not install: ResolutionImpossible" in text and "not run" in text, text
     assert "| invalid_mode_status | 422 | 400 | 422 | - |" in text, text
-    brief = matrix.to_markdown(m, brief=True)  # docs/matrix.md's form: what differs from a pass
+    brief = matrix_table.to_markdown(m, brief=True)  # docs/matrix.md's form: what differs from a pass
     assert "state.initial" in text and "state.initial" not in brief and "the other 1 rows" in brief, brief
 
 
 def test_two_matrices_compare_cell_by_cell():
     invalid = rows.test_id("state.invalid-mode", "from-paused")
-    one = matrix.build([column("a", made_up_report("0.32.0", {invalid: "pass"}))], "p0", "c")
-    same = matrix.build([column("a", made_up_report("0.32.0", {invalid: "pass"}))], "p0", "c")
-    other = matrix.build([column("a", made_up_report("0.32.0", {invalid: "fail"}))], "p0", "c")
-    assert matrix.compare(one, same) == []
-    assert matrix.compare(one, other) == [f"{invalid} @ a: pass vs fail"]
+    one = matrix_table.build([column("a", made_up_report("0.32.0", {invalid: "pass"}))], "p0", "c")
+    same = matrix_table.build([column("a", made_up_report("0.32.0", {invalid: "pass"}))], "p0", "c")
+    other = matrix_table.build([column("a", made_up_report("0.32.0", {invalid: "fail"}))], "p0", "c")
+    assert matrix_table.compare(one, same) == []
+    assert matrix_table.compare(one, other) == [f"{invalid} @ a: pass vs fail"]
 
 
 def test_the_entry_a_run_measured_has_the_observed_value_of_every_check_and_the_release_range():
     invalid = rows.test_id("state.invalid-mode", "from-paused")
     rep = made_up_report("0.29.0", {invalid: "known deviation"})
     rep["rows"][0]["checks"].append({"key": "request_while_paused", "mode": "keep", "observed": "queued"})
-    entry = matrix.measured_entry(rep)
+    entry = matrix_table.measured_entry(rep)
     assert (entry["name"], entry["versions"]) == ("0.29", ">=0.29,<0.30"), entry
     assert entry["invalid_mode_status"] == 400 and entry["request_while_paused"] == {"keep": "queued"}, entry
     assert "0.29.0" in entry["_measured"] and "_conflicting_observations" not in entry
@@ -96,7 +97,7 @@ def test_two_columns_on_the_one_server_of_this_run_give_a_valid_matrix_with_the_
         pytest.fail(f"the matrix did not finish within {MATRIX_BOUND_S} s: {exc.stdout}", pytrace=False)
     assert done.returncode == 0, f"matrix exit {done.returncode}:\n{done.stdout[-3000:]}{done.stderr[-2000:]}"
     m = json.loads((out / "matrix.json").read_text())
-    assert matrix.validate(m) == [], matrix.validate(m)
+    assert matrix_table.validate(m) == [], matrix_table.validate(m)
     assert [c["label"] for c in m["columns"]] == ["first", "second"]
     cells = [r["cells"] for r in m["rows"]]
     assert len(cells) >= 4 and all(set(c) == {"first", "second"} for c in cells), cells
@@ -116,8 +117,8 @@ def test_a_known_violation_cell_names_the_bug_once_however_many_releases_share_i
     for rep in reports:
         rep["rows"][0]["checks"] = [{"key": "refused_weight_update_status", "mode": None, "observed": "500",
                                      "expected": "500", "design": "4xx", "violation": "bug #9: answers 500"}] * 2
-    m = matrix.build([column("0.31.0", reports[0]), column("0.32.0", reports[1])], "regression", "c")
-    assert matrix.validate(m) == [], matrix.validate(m)
-    text = matrix.to_markdown(m)
+    m = matrix_table.build([column("0.31.0", reports[0]), column("0.32.0", reports[1])], "regression", "c")
+    assert matrix_table.validate(m) == [], matrix_table.validate(m)
+    text = matrix_table.to_markdown(m)
     assert "| **KNOWN VIOLATION** (1) | **KNOWN VIOLATION** (1) |" in text, text
     assert text.count("bug #9") == 1 and "1. refused_weight_update_status = '500': bug #9: answers 500" in text, text

@@ -4,8 +4,8 @@ changes nothing must make tier 2 fail with a per-request mismatch report."""
 
 import pytest
 
-from vllm_rl_conformance.fixtures.tier2.weight_swap import (NOOP, SwapRecord, Verdict, assert_every_post_swap_token_matches, classify,
-                                  compare, pass_rate, report)
+from vllm_rl_conformance.fixtures.tier2.swap_verdicts import SwapRecord, Verdict, classify, compare, pass_rate, report
+from vllm_rl_conformance.fixtures.tier2.weight_swap import NOOP, assert_every_post_swap_token_matches
 
 pytestmark = [pytest.mark.selftest, pytest.mark.order(3)]
 
