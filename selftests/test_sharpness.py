@@ -5,8 +5,8 @@ The unbroken proxy (control case) passes the same tests, so no failure is the pr
 
 These reuse the module's real server (no extra server start); each case runs the
 conformance test in a separate pytest process, exactly as a user would. A broken proxy
-may leave the real server paused; the autouse fixture in conftest.py resumes it directly
-after each case.
+may leave the real server paused; the autouse fixture _resumed_around_each_test
+(fixtures/plugin/pytest_fixtures.py) resumes it directly after each case.
 """
 
 import pytest
