@@ -18,9 +18,9 @@ from vllm_rl_conformance.fixtures.checks import expectations as expectations_mod
 from vllm_rl_conformance.fixtures.checks import lifecycle
 from vllm_rl_conformance.fixtures.plugin import entry as plugin
 from vllm_rl_conformance.fixtures.checks.budget import Budget, budget_of
-from vllm_rl_conformance.fixtures.driver.control import ControlPlane
+from vllm_rl_conformance.fixtures.driver.control import ControlPlane, answered_200
 from vllm_rl_conformance.fixtures.driver.metrics import engine_state
-from vllm_rl_conformance.fixtures.plugin.run_hooks import WATCHED
+from vllm_rl_conformance.fixtures.plugin.pytest_fixtures import resumed_around
 from vllm_rl_conformance.fixtures.driver.server import Server
 from vllm_rl_conformance.fixtures.driver.timing import wait_until
 
@@ -61,23 +61,16 @@ def fleet(settings, server_pool):
 
 @pytest.fixture(autouse=True)
 def _every_server_resumed(fleet, server_pool, request):
-    """Every server of the fleet resumed before and after each test; a death during the test is
-    reported by that test, once (run_hooks.WATCHED)."""
-    for m in fleet:
-        server_pool.serving(m.server)
-        m.control.resume_ok()
-    request.node.stash[WATCHED] = [(m.server, m.server.log_size()) for m in fleet]
-    yield
-    for m in fleet:
-        if m.server.usable():
-            m.control.resume_ok()
+    """Every server of the fleet resumed before and after each test."""
+    with resumed_around(request.node, server_pool, [(m.server, m.control) for m in fleet]):
+        yield
 
 
 @pytest.fixture
 def expected_on(fleet, settings, record_property):
     """Each server's expectations (servers of a fleet may run different versions)."""
-    views = {m.name: expectations_mod.of(m.server, m.control, settings.expectations).for_test(
-        lambda c: record_property("expectation", c.as_dict())) for m in fleet}
+    views = {m.name: expectations_mod.of(m.server, m.control, settings.expectations).reported_to(record_property)
+             for m in fleet}
     return lambda m: views[m.name]
 
 
@@ -90,7 +83,7 @@ def on_every(members, fn):
 def pause_every(members, mode):
     answers = on_every(members, lambda m: m.control.pause(mode))
     for m, r in zip(members, answers):
-        assert r.status_code == 200, f"{m.name}: pause(mode={mode}) answered {r.status_code}: {r.text[:300]}"
+        answered_200(r, f"{m.name}: pause(mode={mode})")
     states = on_every(members, lambda m: m.control.is_paused())
     assert all(states), (f"after pause(mode={mode}) answered 200 on every server, is_paused is "
                          + ", ".join(f"{m.name}: {p}" for m, p in zip(members, states)))
@@ -99,7 +92,7 @@ def pause_every(members, mode):
 def resume_every(members):
     answers = on_every(members, lambda m: m.control.resume())
     for m, r in zip(members, answers):
-        assert r.status_code == 200, f"{m.name}: resume answered {r.status_code}: {r.text[:300]}"
+        answered_200(r, f"{m.name}: resume")
     states = on_every(members, lambda m: m.control.is_paused())
     assert not any(states), ("after resume answered 200 on every server, is_paused is "
                              + ", ".join(f"{m.name}: {p}" for m, p in zip(members, states)))

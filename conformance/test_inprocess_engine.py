@@ -21,6 +21,7 @@ from vllm_rl_conformance.fixtures.driver import model_builder
 from vllm_rl_conformance.fixtures.tier2.inprocess_engine import LifecycleEngineStart
 from vllm_rl_conformance.fixtures.checks.budget import Budget, Rates, make_budget
 from vllm_rl_conformance.fixtures.driver.client import SHORT_PROMPT
+from vllm_rl_conformance.fixtures.driver.timing import wait_quiet
 
 CALL_TIMEOUT = 60.0  # seconds for one call into the actor
 ENGINE_ARGS = dict(dtype="float32", enforce_eager=True, max_model_len=4096, kv_cache_memory_bytes=268435456,
@@ -71,14 +72,13 @@ class Engine:
     def wait_quiet(self, name: str, quiet_s: float, limit_s: float) -> dict:
         """Until its token count has not changed for `quiet_s` (outputs the engine produced
         before a pause may still be on their way through the output handler)."""
-        end, last, since = time.monotonic() + limit_s, None, time.monotonic()
-        while time.monotonic() < end:
-            st = self.state(name)
-            if st["done"] or (last is not None and len(st["token_ids"]) == last and time.monotonic() - since >= quiet_s):
-                return st
-            if len(st["token_ids"]) != last:
-                last, since = len(st["token_ids"]), time.monotonic()
-            time.sleep(0.02)
+        seen = {}
+
+        def tokens():
+            seen["state"] = self.state(name)
+            return len(seen["state"]["token_ids"])
+
+        wait_quiet(tokens, quiet_s, limit_s, done=lambda: seen.get("state", {}).get("done", False))
         return self.state(name)
 
 

@@ -6,6 +6,7 @@ framework wording is never matched.
 """
 
 import pytest
+from vllm_rl_conformance.fixtures.driver.control import answered_200
 
 INVALID_MODE = "not-a-mode"
 
@@ -34,7 +35,7 @@ def error_locates_param(body, name: str) -> bool:
 def test_pause_with_an_invalid_mode_is_a_client_error_and_leaves_the_state_unchanged(
         control, expected, initially_paused, record_property):
     if initially_paused:
-        assert control.pause("keep").status_code == 200, "could not pause to set up the paused state"
+        answered_200(control.pause("keep"), "pause(mode=keep), setting up the paused state")
     assert control.is_paused() is initially_paused, "set-up did not reach the intended state"
 
     r = control.pause(INVALID_MODE)

@@ -1,15 +1,12 @@
 """P0 state and idempotency: /pause, /resume and /is_paused as a state machine (docs/contract.md)."""
 
 import pytest
+from vllm_rl_conformance.fixtures.driver.control import answered_200
 
 MODES = ["abort", "wait", "keep"]
 
 
 pytestmark = [pytest.mark.conformance, pytest.mark.area("P0 state and idempotency")]
-
-
-def _expect_200(response, what: str) -> None:
-    assert response.status_code == 200, f"{what} answered {response.status_code}, expected 200: {response.text[:300]}"
 
 
 @pytest.mark.row("state.initial",
@@ -19,7 +16,7 @@ def _expect_200(response, what: str) -> None:
 def test_a_fresh_server_is_not_paused_and_resume_twice_keeps_it_unpaused(control, record_property):
     assert control.is_paused() is False, "is_paused is true before any pause"
     for i in (1, 2):
-        _expect_200(control.resume(), f"resume #{i} on an unpaused server")
+        answered_200(control.resume(), f"resume #{i} on an unpaused server")
         assert control.is_paused() is False, f"is_paused is true after resume #{i} on an unpaused server"
     record_property("observed", "unpaused; resume x2 -> 200, 200, unpaused")
 
@@ -33,11 +30,11 @@ def test_pause_twice_then_resume_twice_in_every_mode_for_two_rounds(control, rec
     for rnd in (1, 2):
         for mode in MODES:
             for i in (1, 2):
-                _expect_200(control.pause(mode), f"round {rnd}: pause(mode={mode}) #{i}")
+                answered_200(control.pause(mode), f"round {rnd}: pause(mode={mode}) #{i}")
                 assert control.is_paused() is True, \
                     f"round {rnd}: is_paused is false after pause(mode={mode}) #{i} answered 200"
             for i in (1, 2):
-                _expect_200(control.resume(), f"round {rnd}: resume #{i} after pause(mode={mode})")
+                answered_200(control.resume(), f"round {rnd}: resume #{i} after pause(mode={mode})")
                 assert control.is_paused() is False, \
                     f"round {rnd}: is_paused is true after resume #{i} (paused with mode={mode})"
             seen.append(mode)

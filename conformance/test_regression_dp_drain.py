@@ -30,16 +30,6 @@ def timed(what, call):
     return f"{what} {(time.monotonic() - t0) * 1000:.0f} ms"
 
 
-def fate(stream, budget) -> str:
-    """What became of a request queued during a pause, one hold window after a control call:
-    'queued' (still pending), its finish_reason, or 'ended without finish_reason'."""
-    if not stream.done.wait(budget.hold_s):
-        return "queued"
-    if stream.error is not None:
-        return f"error {type(stream.error).__name__}"
-    return stream.finish_reason or "ended without finish_reason"
-
-
 @pytest.mark.row("regression.dp-drain",
                  "Under data parallel, a request sent during a pause MUST never block later pauses, and MUST "
                  "complete after resume.")
@@ -82,7 +72,9 @@ def test_a_second_abort_or_a_sleep_during_a_pause_returns_in_bounded_time_and_it
     else:
         log.append(timed("sleep", lambda: control.ok("POST", "/sleep", timeout=bound, params={"level": "1"})))
         log.append(timed("wake_up", lambda: control.ok("POST", "/wake_up", timeout=bound)))
-    got = fate(late, budget) if late is not None else seen
+    if late is not None:
+        late.done.wait(budget.hold_s)  # one hold window after the call: ended, or still queued
+    got = lifecycle.held_fate(late) if late is not None else seen
     log.append(timed("resume", control.resume_ok))
     if got == "queued":
         lifecycle.complete_after_resume(streams, late, budget)

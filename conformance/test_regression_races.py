@@ -13,7 +13,7 @@ import pytest
 
 from vllm_rl_conformance.fixtures.checks import lifecycle
 from vllm_rl_conformance.fixtures.driver.client import SHORT_PROMPT
-from vllm_rl_conformance.fixtures.driver.control import ControlPlane
+from vllm_rl_conformance.fixtures.driver.control import ControlPlane, answered_200
 
 pytestmark = [pytest.mark.conformance, pytest.mark.regression, pytest.mark.area("Regression: racing pause and resume")]
 WAVE = 4  # requests sent at the moment of the race
@@ -52,7 +52,7 @@ def test_two_resumes_racing_with_a_wave_of_new_requests_both_return_and_every_re
     results = race(calls, bound)
     resumes = results[:2]
     for i, (r, took) in enumerate(resumes, 1):
-        assert r.status_code == 200, f"racing resume #{i} answered {r.status_code} after {took:.2f} s: {r.text[:200]}"
+        answered_200(r, f"racing resume #{i}", f"after {took:.2f} s")
     assert control.is_paused() is False, "is_paused is true after two racing resumes both answered 200"
     everyone = in_flight + wave
     for s in everyone:
@@ -72,7 +72,7 @@ def test_two_pauses_racing_both_return_and_every_request_ends(
     bound = budget.finish_s(concurrent=2)  # a wait may drain the requests in flight
     results = race([lambda m=m: own_control(vllm_server, bound).pause(m) for m in modes], bound)
     for m, (r, took) in zip(modes, results):
-        assert r.status_code == 200, f"racing pause(mode={m}) answered {r.status_code} after {took:.2f} s: {r.text[:200]}"
+        answered_200(r, f"racing pause(mode={m})", f"after {took:.2f} s")
     assert control.is_paused() is True, f"is_paused is false after racing pauses {modes} both answered 200"
     control.resume_ok()
     ended = []

@@ -44,8 +44,7 @@ def test_a_seeded_request_whose_prompt_is_prefilled_in_chunks_completes_and_the_
     srv = server_pool.launch(model, ["--max-num-batched-tokens", str(BATCH_TOKENS)], label="seeded-chunked")
     try:
         control = ControlPlane(srv)
-        expected = expectations.of(srv, control, settings.expectations).for_test(
-            lambda c: record_property("expectation", c.as_dict()))
+        expected = expectations.of(srv, control, settings.expectations).reported_to(record_property)
         prompt_tokens = len(control.tokenize(srv.model, PROMPT))
         if min(prompt_tokens, len(control.tokenize(srv.model, UNSEEDED_PROMPT))) <= BATCH_TOKENS:
             outcomes.not_judged(f"a prompt has no more than the {BATCH_TOKENS} tokens the server prefills per step")

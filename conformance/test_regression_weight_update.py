@@ -13,6 +13,7 @@ import pytest
 
 from vllm_rl_conformance.fixtures.driver import model_builder
 from vllm_rl_conformance.fixtures.driver.client import SHORT_PROMPT, complete, prompt_longer_than_a_cache_block
+from vllm_rl_conformance.fixtures.driver.control import answered_200
 from vllm_rl_conformance.fixtures.tier2.weight_swap import WARM_ANSWER_TOKENS, check_swap_recomputes_a_warm_prefix
 
 pytestmark = [pytest.mark.conformance, pytest.mark.regression, pytest.mark.area("Regression: weight updates")]
@@ -37,10 +38,8 @@ class Calls:
         return r
 
     def ok(self, label, path, **kw):
-        r = self.post(label, path, **kw)
-        assert r.status_code == 200, (f"{label} (POST {path}) answered {r.status_code}: {r.text[:200]}. "
-                                      f"Calls so far: {'; '.join(self.log)}")
-        return r
+        return answered_200(self.post(label, path, **kw), f"{label} (POST {path})",
+                            f"calls so far: {'; '.join(self.log)}")
 
     def refused(self, label, path, expected, **kw):
         r = self.post(label, path, **kw)

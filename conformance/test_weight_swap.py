@@ -32,7 +32,7 @@ def swap_runs(cpu_swap_runs, note):
 def swap_expected(swap_runs, settings, note, record_property):
     exp = expectations_mod.load(next(iter(swap_runs.values())).server_version, settings.expectations)
     note(exp.describe())
-    return exp.for_test(lambda c: record_property("expectation", c.as_dict()))
+    return exp.reported_to(record_property)
 
 
 def test_with_clear_cache_every_post_swap_token_equals_a_fresh_v2_engine(swap_runs, record_property):

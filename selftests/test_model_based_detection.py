@@ -16,16 +16,16 @@ pytestmark = [pytest.mark.selftest, pytest.mark.model_based, pytest.mark.usefixt
 
 MODEL_BASED = rows.test_id("model.histories")
 # Each break is searched with a seed whose first histories make its sequence (measured on 0.32: the
-# history the break is found in, of HISTORIES, below): any seed finds it given enough histories
-# (seed 20261201 found them in histories 3 to 62 of 100), these within a few. Hypothesis draws the
-# same histories for the same seed and settings; a change to the history strategy or to Hypothesis
-# draws others, and the seeds are picked again (docs/selftests.md says how).
+# history the break is found in, of HISTORIES, below): any seed finds it given enough histories,
+# these within a few. Hypothesis draws the same histories for the same seed and settings; a change
+# to the state machine (fixtures/checks/history_machine.py) or to Hypothesis draws others, and the
+# seeds are picked again (docs/selftests.md says how).
 HISTORIES, STEPS = 6, 12
 SEEDS = {
-    "abort-spares-frozen": 2,  # history 2
-    "abort-requests-ignored-while-paused": 1,  # history 5
-    "second-keep-cycle-repeats-a-token": 11,  # history 5
-    "first-keep-resume-repeats-a-token-once": 2,  # history 2
+    "abort-spares-frozen": 5,  # history 4
+    "abort-requests-ignored-while-paused": 2,  # history 6
+    "second-keep-cycle-repeats-a-token": 8,  # history 6
+    "first-keep-resume-repeats-a-token-once": 4,  # history 3
 }
 # Generation stops at the first failing history; shrinking it is bounded (its steps are asserted
 # below, and every failing history has them: shrinking only makes it shorter).
@@ -86,5 +86,4 @@ def test_a_history_that_fails_once_and_passes_when_run_again_still_fails_the_row
     n, history = shortest_history(run)
     observed = row_observed(run)
     assert "it passed when run again" in observed, f"the row does not say the failure did not recur: {observed}"
-    assert all(step in history for step in ("pause_keep", "resume")), (
-        f"the failing history lacks the keep cycle that exposed the break: {history}")
+    assert "pause_keep" in history, f"the failing history lacks the keep pause that exposed the break: {history}"
