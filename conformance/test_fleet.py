@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import pytest
 
 from vllm_rl_conformance.fixtures.driver import capabilities as capabilities_mod
-from vllm_rl_conformance.fixtures.checks import expectations as expectations_mod
 from vllm_rl_conformance.fixtures.checks import lifecycle
 from vllm_rl_conformance.fixtures.plugin import entry as plugin
 from vllm_rl_conformance.fixtures.checks.budget import Budget, budget_of
@@ -52,10 +51,11 @@ def fleet(settings, server_pool):
         servers = [server_pool.get(), server_pool.fast()]
     members = []
     for i, srv in enumerate(servers):
-        control = ControlPlane(srv)
-        capabilities_mod.require(srv, control, ["pause_routes"])
+        control, target = ControlPlane(srv), server_pool.target(srv)
+        capabilities_mod.require(target.probed(control), srv.url, ["pause_routes"])
         control.resume_ok()
-        members.append(Member(f"server-{i + 1} {srv.url}", srv, control, budget_of(srv, control)))
+        budget = budget_of(srv, control, target.measured(control))
+        members.append(Member(f"server-{i + 1} {srv.url}", srv, control, budget))
     return members
 
 
@@ -67,10 +67,10 @@ def _every_server_resumed(fleet, server_pool, request):
 
 
 @pytest.fixture
-def expected_on(fleet, settings, record_property):
+def expected_on(fleet, server_pool, settings, record_property):
     """Each server's expectations (servers of a fleet may run different versions)."""
-    views = {m.name: expectations_mod.of(m.server, m.control, settings.expectations).reported_to(record_property)
-             for m in fleet}
+    views = {m.name: server_pool.target(m.server).expected(m.control, settings.expectations).reported_to(
+        record_property) for m in fleet}
     return lambda m: views[m.name]
 
 

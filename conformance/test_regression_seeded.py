@@ -14,7 +14,6 @@ shared one down; what a release does is its expectations entry (`seeded_chunked_
 
 import pytest
 
-from vllm_rl_conformance.fixtures.checks import expectations
 from vllm_rl_conformance.fixtures.driver import model_builder
 from vllm_rl_conformance.fixtures.checks import outcomes
 from vllm_rl_conformance.fixtures.driver.client import request_once
@@ -44,7 +43,7 @@ def test_a_seeded_request_whose_prompt_is_prefilled_in_chunks_completes_and_the_
     srv = server_pool.launch(model, ["--max-num-batched-tokens", str(BATCH_TOKENS)], label="seeded-chunked")
     try:
         control = ControlPlane(srv)
-        expected = expectations.of(srv, control, settings.expectations).reported_to(record_property)
+        expected = server_pool.target(srv).expected(control, settings.expectations).reported_to(record_property)
         prompt_tokens = len(control.tokenize(srv.model, PROMPT))
         if min(prompt_tokens, len(control.tokenize(srv.model, UNSEEDED_PROMPT))) <= BATCH_TOKENS:
             outcomes.not_judged(f"a prompt has no more than the {BATCH_TOKENS} tokens the server prefills per step")

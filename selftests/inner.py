@@ -95,8 +95,9 @@ def short_finding(failed_line: str) -> str:
 
 def check_break(server, breakage: str, target: str, message: str | None, report_dir: Path,
                 record_property, *extra: str, bound: float = INNER_BOUND_S) -> InnerRun:
-    """Runs `target` in attach mode against a proxy in front of `server` that breaks
-    `breakage`: it must fail with `message`, or, with message None (the unbroken proxy), pass."""
+    """Runs `target` in attach mode against a proxy in front of `server` (plugin/target.Target:
+    its URL, model and rates, if measured) that breaks `breakage`: it must fail with `message`,
+    or, with message None (the unbroken proxy), pass."""
     from vllm_rl_conformance.selftests.broken_server import ProxyThread
 
     with ProxyThread(server.url, breakage) as proxy:

@@ -26,11 +26,11 @@ def test_the_probe_reports_what_the_embedded_server_offers(capabilities, setting
 
 
 def test_rows_on_a_surface_the_run_cannot_offer_skip_naming_why_and_strict_turns_the_claimed_ones_into_failures(
-        vllm_server, model, tmp_path, record_property):
+        server_target, model, tmp_path, record_property):
     """Attach mode has no in-process engine: the asyncllm rows skip. A run that claims asyncllm
     (--vllm-surfaces) and is --strict fails them."""
-    plain = run_suite(vllm_server.url, model, [INPROCESS], tmp_path / "plain", "--vllm-surfaces=asyncllm")
-    strict = run_suite(vllm_server.url, model, [INPROCESS], tmp_path / "strict", "--vllm-surfaces=asyncllm",
+    plain = run_suite(server_target.url, model, [INPROCESS], tmp_path / "plain", "--vllm-surfaces=asyncllm")
+    strict = run_suite(server_target.url, model, [INPROCESS], tmp_path / "strict", "--vllm-surfaces=asyncllm",
                        "--strict")
     rows = plain.report()["rows"]
     assert plain.code == 0 and rows and all(r["verdict"] == "skipped" for r in rows), (
@@ -48,12 +48,12 @@ def test_rows_on_a_surface_the_run_cannot_offer_skip_naming_why_and_strict_turns
 
 @pytest.mark.usefixtures("rates")  # measured once here, passed to the inner run
 def test_a_release_without_keep_mode_or_abort_requests_skips_those_rows_naming_the_capability_and_fails_nothing(
-        vllm_server, model, tmp_path, record_property):
+        server_target, model, tmp_path, record_property):
     keep = rows.test_id("lifecycle.keep", "completions")
     by_ids = rows.test_id("regression.abort-requests-ids", "completions")
     abort = rows.test_id("lifecycle.abort", "completions")
-    with ProxyThread(vllm_server.url, "before-keep-mode") as proxy:
-        run = run_suite(proxy.url, model, [keep, by_ids, abort], tmp_path / "report", rates=vllm_server.rates)
+    with ProxyThread(server_target.url, "before-keep-mode") as proxy:
+        run = run_suite(proxy.url, model, [keep, by_ids, abort], tmp_path / "report", rates=server_target.rates)
     got = {r["id"]: r for r in run.report()["rows"]}
     assert run.code == 0, f"exit {run.code}: {[(r['row'], r['verdict'], r['reason']) for r in got.values()]}"
     assert got[keep]["verdict"] == "skipped" and got[keep]["reason"].startswith("capability missing: keep_mode"), got[keep]

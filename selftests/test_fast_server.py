@@ -28,7 +28,7 @@ def fast_server(settings, server_pool):
     if settings.attach:
         pytest.skip("launches the fixture's fast model; attach mode serves another model")
     server_pool.stop_all()  # the shared servers: one busy CPU server at a time
-    return server_pool.fast()
+    return server_pool.target(server_pool.fast())
 
 
 @pytest.mark.timeout(SELECTION_BOUND_S + 60)

@@ -64,14 +64,14 @@ def shortest_history(run) -> tuple[int, str]:
 @pytest.mark.timeout(INNER_BOUND_S + 180)
 @pytest.mark.parametrize("breakage, message, steps", CASES, ids=[c[0] for c in CASES])
 def test_the_model_based_test_catches_a_break_only_a_sequence_exposes_and_prints_its_shortest_history(
-        vllm_server, breakage, message, steps, tmp_path, record_property):
-    run = check_break(vllm_server, breakage, MODEL_BASED, message, tmp_path / "search", record_property,
+        server_target, breakage, message, steps, tmp_path, record_property):
+    run = check_break(server_target, breakage, MODEL_BASED, message, tmp_path / "search", record_property,
                       *search(breakage), bound=INNER_BOUND_S)
     n, history = shortest_history(run)
     assert all(step in history for step in steps), (
         f"the shortest history against {breakage} lacks the steps that expose it {steps}: {history}")
     # The same history through the unbroken proxy agrees with the model: it is the break that fails it.
-    check_break(vllm_server, "none", MODEL_BASED, None, tmp_path / "replay", lambda *_: None,
+    check_break(server_target, "none", MODEL_BASED, None, tmp_path / "replay", lambda *_: None,
                 f"--vllm-mbt-replay={history}")
     record_property("observed", f"{breakage}: caught after {run.seconds:.0f} s (search, shrinking); shortest history "
                                 f"({n} steps): {history}; the same history passes the unbroken proxy")
@@ -79,9 +79,9 @@ def test_the_model_based_test_catches_a_break_only_a_sequence_exposes_and_prints
 
 @pytest.mark.timeout(INNER_BOUND_S + 60)
 def test_a_history_that_fails_once_and_passes_when_run_again_still_fails_the_row_and_names_its_steps(
-        vllm_server, tmp_path, record_property):
+        server_target, tmp_path, record_property):
     breakage = "first-keep-resume-repeats-a-token-once"
-    run = check_break(vllm_server, breakage, MODEL_BASED, GREEDY_FINDING, tmp_path, record_property, *search(breakage),
+    run = check_break(server_target, breakage, MODEL_BASED, GREEDY_FINDING, tmp_path, record_property, *search(breakage),
                       bound=INNER_BOUND_S)
     n, history = shortest_history(run)
     observed = row_observed(run)

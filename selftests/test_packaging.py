@@ -85,13 +85,13 @@ def test_installed_the_plugin_stays_out_of_a_run_that_does_not_ask_for_it(attach
         f"the installed plugin acted in a run that did not ask for it:\n{done.stdout[-2000:]}")
 
 
-def test_installed_pyargs_runs_p0_in_attach_mode(attach_venv, vllm_server, model, tmp_path, record_property):
+def test_installed_pyargs_runs_p0_in_attach_mode(attach_venv, server_target, model, tmp_path, record_property):
     python, cost = attach_venv
     workdir = tmp_path / "elsewhere"  # no checkout anywhere near
     workdir.mkdir()
-    inner = run_suite(vllm_server.url, model, ["vllm_rl_conformance.conformance"], tmp_path / "reports", "--pyargs",
+    inner = run_suite(server_target.url, model, ["vllm_rl_conformance.conformance"], tmp_path / "reports", "--pyargs",
                       "-m", "p0", "--vllm-surfaces=completions", cwd=workdir, python=str(python), bound=400,
-                      rates=vllm_server.rates)
+                      rates=server_target.rates)
     rep = inner.report()
     passed = rep["totals"]["pass"] + rep["totals"]["known deviation"]
     record_property("observed", f"{cost}; pytest --pyargs vllm_rl_conformance.conformance -m p0: exit {inner.code} "

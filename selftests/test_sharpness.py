@@ -75,50 +75,50 @@ def case_id(breakage, target, _message):
 
 @pytest.mark.parametrize("breakage, target, message", CASES, ids=[case_id(*c) for c in CASES])
 def test_a_server_with_one_broken_row_fails_the_test_that_pins_it(
-        vllm_server, model, breakage, target, message, tmp_path, record_property):
-    check_break(vllm_server, breakage, target, message, tmp_path, record_property)
+        server_target, model, breakage, target, message, tmp_path, record_property):
+    check_break(server_target, breakage, target, message, tmp_path, record_property)
 
 
 @pytest.mark.timeout(300)  # every targeted test once, the latency cycles included
-def test_the_unbroken_proxy_passes_every_targeted_test(vllm_server, model, tmp_path, record_property):
+def test_the_unbroken_proxy_passes_every_targeted_test(server_target, model, tmp_path, record_property):
     targets = sorted({c[1] for c in CASES})
-    with ProxyThread(vllm_server.url, "none") as proxy:
-        run = run_suite(proxy.url, model, targets, tmp_path, bound=240, rates=vllm_server.rates)
+    with ProxyThread(server_target.url, "none") as proxy:
+        run = run_suite(proxy.url, model, targets, tmp_path, bound=240, rates=server_target.rates)
     record_property("observed", f"exit {run.code} after {run.seconds:.1f} s")
     assert_no_false_failure(run)
 
 
 def test_logprob_drift_of_another_kernel_path_does_not_fail_the_continuity_row(
-        vllm_server, model, tmp_path, record_property):
+        server_target, model, tmp_path, record_property):
     """Every logprob a resumed stream gets scaled by 1 + 1e-6 (another CPU's kernels re-computing
     the context): fixtures/checks/continuity.py's tolerance must let a correct server pass."""
-    with ProxyThread(vllm_server.url, "resumed-logprobs-jitter") as proxy:
-        run = run_suite(proxy.url, model, [CONTINUITY], tmp_path, rates=vllm_server.rates)
+    with ProxyThread(server_target.url, "resumed-logprobs-jitter") as proxy:
+        run = run_suite(proxy.url, model, [CONTINUITY], tmp_path, rates=server_target.rates)
     record_property("observed", f"logprobs scaled by 1 + 1e-6 after resume: exit {run.code} after {run.seconds:.1f} s; "
                                 + run.rows()[CONTINUITY.rsplit("::", 1)[-1]]["observed"][:160])
     assert_no_false_failure(run, "a correct server whose resumed logprobs drift by one part in a million")
 
 
 def test_a_pause_that_reaches_the_engine_seconds_late_does_not_fail_the_abort_rows(
-        vllm_server, model, tmp_path, record_property):
+        server_target, model, tmp_path, record_property):
     """A starved machine can deliver pause(abort) to the engine seconds after the client saw the
     first token (a CI run saw a 2 s request finish first). The abort rows' requests outlast that:
     through a proxy that holds every /pause for 3 s, a correct abort must still pass."""
-    with ProxyThread(vllm_server.url, "pause-is-slow") as proxy:
-        run = run_suite(proxy.url, model, [ABORT, ABORT_PLAIN], tmp_path, rates=vllm_server.rates)
+    with ProxyThread(server_target.url, "pause-is-slow") as proxy:
+        run = run_suite(proxy.url, model, [ABORT, ABORT_PLAIN], tmp_path, rates=server_target.rates)
     record_property("observed", f"pause held 3 s: exit {run.code} after {run.seconds:.1f} s")
     assert_no_false_failure(run, "a correct server whose /pause is held 3 s")
 
 
 def test_a_server_that_ignores_clear_cache_fails_the_stale_prefix_regression_after_a_swap(
-        vllm_server, model, control, settings, record_property):
+        server_target, model, control, settings, record_property):
     """The stale-prefix regression (conformance/test_regression_weight_update.py) launches a fresh
     V2 server, so it runs in launch mode only; its check runs here in-process, through the proxy."""
     if settings.attach:
         pytest.skip("swaps the fixture's V1/V2 checkpoints into the server; attach mode serves another model")
     v1, v2 = str(model_builder.ensure("v1")), str(model_builder.ensure("v2"))
     try:
-        with ProxyThread(vllm_server.url, "clear-cache-ignored") as proxy:
+        with ProxyThread(server_target.url, "clear-cache-ignored") as proxy:
             broken = ControlPlane(Server(url=proxy.url, model=model))
             prompt = prompt_longer_than_a_cache_block(broken, model, WARM_ANSWER_TOKENS)
             with pytest.raises(AssertionError) as caught:
@@ -131,13 +131,13 @@ def test_a_server_that_ignores_clear_cache_fails_the_stale_prefix_regression_aft
     assert "cached_tokens=" in message and "reused" in message, message
 
 
-def test_a_broken_surface_fails_only_its_own_rows_of_a_shared_pause_cycle(vllm_server, model, tmp_path,
+def test_a_broken_surface_fails_only_its_own_rows_of_a_shared_pause_cycle(server_target, model, tmp_path,
                                                                           record_property):
     """The surfaces of a check share one pause cycle (fixtures/checks/cycles.py): with chat's abort
     unmarked, the abort row fails on chat alone, with chat's own message, and passes on the
     surfaces that kept the contract in the same cycle."""
-    with ProxyThread(vllm_server.url, "chat-abort-unmarked") as proxy:
-        run = run_suite(proxy.url, model, [ABORT.rsplit("[", 1)[0]], tmp_path, rates=vllm_server.rates)
+    with ProxyThread(server_target.url, "chat-abort-unmarked") as proxy:
+        run = run_suite(proxy.url, model, [ABORT.rsplit("[", 1)[0]], tmp_path, rates=server_target.rates)
     verdicts = {name: row["verdict"] for name, row in run.rows().items()}
     record_property("observed", f"chat-abort-unmarked: exit {run.code} after {run.seconds:.1f} s; {verdicts}")
     failed = [name for name, v in verdicts.items() if v == "fail"]

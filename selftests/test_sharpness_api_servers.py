@@ -22,5 +22,5 @@ EVERY_FRONT_END = rows.test_id("layouts.every-front-end", "keep")
 @pytest.mark.parametrize("breakage, message", [("front-end-misses-pause", "a front-end did not see the pause"), ("none", None)],
                          ids=["front-end-misses-pause", "unbroken-proxy"])
 def test_the_every_front_end_check_fails_only_against_a_server_with_a_front_end_that_misses_the_pause(
-        vllm_server, model, breakage, message, tmp_path, record_property):
-    check_break(vllm_server, breakage, EVERY_FRONT_END, message, tmp_path, record_property)
+        server_target, model, breakage, message, tmp_path, record_property):
+    check_break(server_target, breakage, EVERY_FRONT_END, message, tmp_path, record_property)

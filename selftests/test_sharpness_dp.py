@@ -23,5 +23,5 @@ DRAIN = rows.test_id("regression.dp-drain")
                          [("late-request-blocks-drain", "POST /pause got no answer"), ("none", None)],
                          ids=["late-request-blocks-drain", "unbroken-proxy"])
 def test_the_dp_drain_regression_fails_only_against_a_server_with_the_drain_bug(
-        vllm_server, model, breakage, message, tmp_path, record_property):
-    check_break(vllm_server, breakage, DRAIN, message, tmp_path, record_property)
+        server_target, model, breakage, message, tmp_path, record_property):
+    check_break(server_target, breakage, DRAIN, message, tmp_path, record_property)

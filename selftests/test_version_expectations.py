@@ -128,9 +128,9 @@ def test_a_malformed_expectations_file_is_reported_with_its_name(tmp_path):
 
 @pytest.mark.usefixtures("rates")  # measured once here, passed to the inner run
 def test_a_server_with_later_upstream_behaviour_fails_the_032_entry_and_the_report_shows_what_it_did(
-        vllm_server, model, tmp_path, record_property):
-    with ProxyThread(vllm_server.url, LATER_UPSTREAM) as proxy:
-        run = run_suite(proxy.url, model, TARGETS, tmp_path / "report", rates=vllm_server.rates)
+        server_target, model, tmp_path, record_property):
+    with ProxyThread(server_target.url, LATER_UPSTREAM) as proxy:
+        run = run_suite(proxy.url, model, TARGETS, tmp_path / "report", rates=server_target.rates)
     rows = run.rows()
     assert run.code == 1, f"expected failures against the 0.32 entry, got exit {run.code}:\n{run.output[-3000:]}"
     for name in INVALID_ROWS:
@@ -144,13 +144,13 @@ def test_a_server_with_later_upstream_behaviour_fails_the_032_entry_and_the_repo
 
 @pytest.mark.usefixtures("rates")  # measured once here, passed to the inner run
 def test_the_same_server_passes_once_its_versions_entry_says_422_and_503_and_the_report_marks_known_deviations(
-        vllm_server, model, control, tmp_path, record_property):
+        server_target, model, control, tmp_path, record_property):
     version = control.version()
     path = edited_expectations(tmp_path, version, invalid_mode_status=422,
                                request_while_paused={"abort": "503", "wait": "503", "keep": "503"})
-    with ProxyThread(vllm_server.url, LATER_UPSTREAM) as proxy:
+    with ProxyThread(server_target.url, LATER_UPSTREAM) as proxy:
         run = run_suite(proxy.url, model, TARGETS, tmp_path / "report", f"--vllm-expectations={path}",
-                        rates=vllm_server.rates)
+                        rates=server_target.rates)
     rows = run.rows()
     assert run.code == 0, f"the server does what its entry says, yet the suite failed:\n{run.output[-3000:]}"
     for name in INVALID_ROWS:
@@ -165,11 +165,11 @@ def test_the_same_server_passes_once_its_versions_entry_says_422_and_503_and_the
 
 @pytest.mark.usefixtures("rates")  # measured once here, passed to the inner run
 def test_the_real_server_fails_an_entry_that_expects_422_and_503_exactly_on_those_rows(
-        vllm_server, model, control, tmp_path, record_property):
+        server_target, model, control, tmp_path, record_property):
     path = edited_expectations(tmp_path, control.version(), invalid_mode_status=422,
                                request_while_paused={"abort": "503", "wait": "503", "keep": "503"})
-    run = run_suite(vllm_server.url, model, TARGETS, tmp_path / "report", f"--vllm-expectations={path}",
-                    rates=vllm_server.rates)
+    run = run_suite(server_target.url, model, TARGETS, tmp_path / "report", f"--vllm-expectations={path}",
+                    rates=server_target.rates)
     rows = run.rows()
     assert run.code == 1, f"exit {run.code}:\n{run.output[-3000:]}"
     for name in INVALID_ROWS:
@@ -182,14 +182,14 @@ def test_the_real_server_fails_an_entry_that_expects_422_and_503_exactly_on_thos
 
 @pytest.mark.usefixtures("rates")  # measured once here, passed to the inner run
 def test_a_known_violation_is_reported_non_conformant_and_fails_the_run_only_with_fail_on_violations(
-        vllm_server, model, control, tmp_path, record_property):
+        server_target, model, control, tmp_path, record_property):
     status = control.pause("not-a-mode").status_code  # what the entry is about to call a violation
     control.resume_ok()
     path = edited_expectations(tmp_path, control.version(), invalid_mode_status=status,
                                violations={"invalid_mode_status": "bug #0: the evidence"})
-    runs = {flag: run_suite(vllm_server.url, model, TARGETS[:1], tmp_path / f"report-{flag}",
+    runs = {flag: run_suite(server_target.url, model, TARGETS[:1], tmp_path / f"report-{flag}",
                             f"--vllm-expectations={path}", *(["--vllm-fail-on-violations"] if flag else []),
-                            rates=vllm_server.rates) for flag in ("", "1")}
+                            rates=server_target.rates) for flag in ("", "1")}
     reported, failed = runs[""], runs["1"]
     assert reported.code == 0, f"a known violation alone failed the run:\n{reported.output[-3000:]}"
     rep = reported.report()

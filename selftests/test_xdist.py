@@ -14,19 +14,19 @@ LIFECYCLE, STATE, INVALID = (rows.by_id(rows.load())[r].path for r in ("lifecycl
 KEEP = rows.test_id("lifecycle.keep", "completions")
 
 
-def test_two_workers_against_one_attached_server_pass_where_one_worker_does(vllm_server, model, tmp_path,
+def test_two_workers_against_one_attached_server_pass_where_one_worker_does(server_target, model, tmp_path,
                                                                              record_property):
-    run = run_suite(vllm_server.url, model, [STATE, INVALID, LIFECYCLE], tmp_path, "-n", "2", "-m", "p0",
-                    "--vllm-surfaces=completions", rates=vllm_server.rates, bound=240)
+    run = run_suite(server_target.url, model, [STATE, INVALID, LIFECYCLE], tmp_path, "-n", "2", "-m", "p0",
+                    "--vllm-surfaces=completions", rates=server_target.rates, bound=240)
     rep = run.report()
     record_property("observed", f"-n 2: {finding(run, 'one server')}; totals {rep['totals']}")
     assert_no_false_failure(run, "the unbroken server under -n 2")
     assert rep["totals"]["pass"] + rep["totals"]["known deviation"] >= 10, rep["totals"]
-    assert {r["server"] for r in rep["rows"]} == {vllm_server.url}, [r["server"] for r in rep["rows"]]
+    assert {r["server"] for r in rep["rows"]} == {server_target.url}, [r["server"] for r in rep["rows"]]
 
 
-def test_two_workers_still_catch_a_server_where_keep_acts_like_abort(vllm_server, tmp_path, record_property):
-    check_break(vllm_server, "keep-acts-like-abort", KEEP, "ended while paused with keep", tmp_path, record_property,
+def test_two_workers_still_catch_a_server_where_keep_acts_like_abort(server_target, tmp_path, record_property):
+    check_break(server_target, "keep-acts-like-abort", KEEP, "ended while paused with keep", tmp_path, record_property,
                 "-n", "2")
 
 
