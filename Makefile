@@ -5,7 +5,8 @@
 #                      field-bug regressions, model-based histories, tier 2 on CPU, self-tests
 #   make bench         how long make conformance and pytest -m p0 take, as multiples of one server start
 #                      (BENCH_TEST=1 adds make test, BENCH_REPEAT=3 three rounds), and pause latency; reports/bench/
-#   make tier2         tier 2 on CPU: weight swap while generating, validated against a fresh V2 engine
+#   make tier2         tier 2 on CPU through vLLM's weight-sync protocol (the suite's gloo backend): weight swap
+#                      while generating, validated against a fresh V2 engine, and the weight-sync endpoints
 #   make gpu-e2e       tier 2 on two GPUs over NCCL (own venv, requirements-gpu.txt); skips without two GPUs
 #   make matrix        the compatibility matrix: the suite against each vLLM release in MATRIX_VERSIONS (one
 #                      cached venv per release), reports/matrix.md and reports/matrix.json

@@ -45,9 +45,10 @@ class InnerRun:
 
 def run_suite(url: str, model: str, targets: list[str], report_dir: Path, *extra: str,
               cwd: Path = ROOT, bound: float = INNER_BOUND_S, python_flags: tuple[str, ...] = (),
-              rates=None, python: str = sys.executable) -> InnerRun:
+              rates=None, python: str = sys.executable, env: dict[str, str] | None = None) -> InnerRun:
     """`rates`: the outer run's measurement of the server behind `url` (client.Rates), passed
-    on so the inner run need not measure again. `url` None: launch mode."""
+    on so the inner run need not measure again. `url` None: launch mode. `env`: added to the
+    inner run's environment (and so to the servers it launches)."""
     if rates is not None:
         extra = (f"--vllm-rates={rates.ttft_s},{rates.tokens_per_s}"
                  + (f",{rates.engine_tokens_per_s}" if rates.engine_tokens_per_s else ""), *extra)
@@ -56,7 +57,7 @@ def run_suite(url: str, model: str, targets: list[str], report_dir: Path, *extra
            *([f"--vllm-model={model}"] if model else []), f"--vllm-report-dir={report_dir}", "--timeout=90",
            *extra, *targets]
     # Settings come from options only: the outer run's environment must not leak in.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_CONFORMANCE_")}
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("VLLM_CONFORMANCE_")}, **(env or {})}
     env["COLUMNS"] = "400"  # pytest cuts the "FAILED test - message" line to the terminal width
     t0 = time.monotonic()
     try:

@@ -1,0 +1,113 @@
+"""The suite's CPU weight-transfer backend (fixtures/tier2/gloo_transfer.py) without a server:
+both ranks in this process (the worker on a thread), a stand-in model that records what it
+loads. Tensors arrive bit for bit, packed or one by one; a receive whose trainer stops sending
+fails within the group's timeout instead of hanging."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+pytestmark = [pytest.mark.selftest, pytest.mark.timeout(120)]
+
+torch = pytest.importorskip("torch")
+gloo = pytest.importorskip("vllm_rl_conformance.fixtures.tier2.gloo_transfer")
+
+
+class Recorder:
+    def __init__(self):
+        self.loaded: dict[str, "torch.Tensor"] = {}
+        self.calls = 0
+
+    def load_weights(self, pairs):
+        self.calls += 1
+        self.loaded.update({n: t.clone() for n, t in pairs})
+
+
+class Source:
+    def __init__(self, state):
+        self.state = state
+
+    def metadata(self):
+        from vllm.distributed.weight_transfer import ParamMeta
+
+        return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in self.state.items()]
+
+    def __iter__(self):
+        yield from self.state.items()
+
+
+STATE = {
+    "embed.weight": torch.arange(3000, dtype=torch.float32).reshape(100, 30),
+    "layers.0.norm.weight": torch.linspace(-1, 1, 30),
+    "layers.0.proj.weight": torch.randn(64, 30, generator=torch.Generator().manual_seed(0)),
+    "layers.0.ids": torch.arange(7, dtype=torch.int64),
+    "lm_head.weight": torch.randn(100, 30, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16),
+}
+
+
+def worker(info) -> "gloo.GlooWeightTransferEngine":
+    engine = object.__new__(gloo.GlooWeightTransferEngine)  # no vLLM config: rank and model set by hand
+    engine.group, engine.info, engine.model = None, None, Recorder()
+    engine.group = gloo.open_group(info.master_address, info.master_port, 1, 2, info.timeout_s)
+    engine.info = info
+    return engine
+
+
+def joined(packed: bool, buffer_bytes: int, timeout_s: float = 10.0):
+    from vllm.utils.network_utils import get_open_port
+
+    info = gloo.GlooWeightTransferInitInfo(master_address="127.0.0.1", master_port=get_open_port(), rank_offset=1,
+                                           world_size=2, timeout_s=timeout_s, packed=packed,
+                                           packed_buffer_size_bytes=buffer_bytes)
+    box = {}
+    t = threading.Thread(target=lambda: box.setdefault("worker", worker(info)))
+    t.start()
+    trainer_group = gloo.open_group("127.0.0.1", info.master_port, 0, 2, timeout_s)
+    t.join(timeout_s)
+    trainer = gloo.GlooTrainerWeightTransferEngine(
+        client=None, source=Source(STATE),
+        info=gloo.GlooTrainerInitInfo(master_address="127.0.0.1", master_port=info.master_port, world_size=2, rank=0,
+                                      timeout_s=timeout_s, packed=packed, packed_buffer_size_bytes=buffer_bytes))
+    trainer.group = trainer_group
+    return trainer, box["worker"]
+
+
+def test_chunks_hold_at_most_the_buffer_and_a_larger_parameter_travels_alone():
+    entries = [(n, t.dtype, tuple(t.shape)) for n, t in STATE.items()]
+    sizes = [gloo.nbytes(d, s) for _, d, s in entries]  # 12000, 120, 7680, 56, 6000
+    got = gloo.chunks(entries, 8000)
+    assert got == [[0], [1, 2, 3], [4]], f"chunks {got} for sizes {sizes} and an 8000-byte buffer"
+    assert sum(got, []) == list(range(len(entries)))
+
+
+@pytest.mark.parametrize("packed,buffer_bytes", [(True, 8000), (True, 1 << 20), (False, 0)],
+                         ids=["packed-several-chunks", "packed-one-chunk", "one-by-one"])
+def test_every_tensor_arrives_bit_for_bit(packed, buffer_bytes):
+    trainer, engine = joined(packed, buffer_bytes)
+    info = trainer.update_info()
+    t = threading.Thread(target=trainer.broadcast, args=(info,))
+    t.start()
+    engine.receive_weights(info)
+    t.join(10)
+    assert set(engine.model.loaded) == set(STATE)
+    for name, want in STATE.items():
+        got = engine.model.loaded[name]
+        assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want), (
+            f"{name}: received {got.dtype} {tuple(got.shape)}, sent {want.dtype} {tuple(want.shape)}")
+    want_calls = len(gloo.chunks(info.entries(), buffer_bytes)) if packed else len(STATE)
+    assert engine.model.calls == want_calls, f"load_weights called {engine.model.calls} times, {want_calls} batches"
+
+
+def test_a_receive_whose_trainer_stops_sending_fails_within_the_timeout():
+    trainer, engine = joined(True, 8000, timeout_s=2.0)
+    info = trainer.update_info()
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError) as err:
+        engine.receive_weights(info)  # the trainer never broadcasts
+    took = time.monotonic() - t0
+    assert took < 2.0 + 3.0, f"the receive failed after {took:.1f} s; the group's timeout is 2 s"
+    assert engine.model.calls == 0, f"{engine.model.calls} batches loaded from a trainer that sent nothing"
+    print(f"failed after {took:.1f} s: {str(err.value)[:160]}")
