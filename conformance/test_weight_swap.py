@@ -1,12 +1,14 @@
 """Tier 2 (docs/tier2.md): pause(keep) mid-generation, swap V1 -> V2 from a trainer, resume; every
 post-swap token must equal what a fresh V2 engine produces from the same prefix.
 
-On CPU (this module, marker tier2) the trainer is a Ray actor that writes its weights and the
-paused engine reloads them (`/collective_rpc reload_weights`); `--max-num-seqs 1` and float32
-stand in for batch invariance, which the CPU build lacks. The GPU form over vLLM's NCCL
-weight transfer is in test_weight_swap_gpu.py. The experiment runs once per module (one V1
-engine for both clear_cache runs, one fresh V2 engine for validation; conftest.py
-`cpu_swap_runs`); the tests below each judge one part of its record.
+On CPU (this module, marker tier2) the trainer is a Ray actor that sends its weights through
+vLLM's weight-sync protocol (`send_weights()`: start, update with its broadcast, finish) over
+the suite's gloo backend; `--max-num-seqs 1` and float32 stand in for batch invariance, which
+the CPU build lacks. The HTTP experiment runs once per session (one V1 engine for both
+clear_cache runs, shared with test_weight_sync.py; the kept fresh V2 server validates;
+conftest.py `cpu_swap_runs`); the tests below each judge one part of its record. The last test
+is the in-process form: an AsyncLLM actor driven through vLLM's Ray-handle client. The GPU
+forms over NCCL are in test_weight_swap_gpu.py.
 """
 
 import pytest
@@ -15,17 +17,19 @@ from vllm_rl_conformance.fixtures.checks import expectations as expectations_mod
 from vllm_rl_conformance.fixtures.checks import outcomes
 from vllm_rl_conformance.fixtures.driver.capabilities import HOW
 from vllm_rl_conformance.fixtures.tier2.swap_verdicts import classify, report
-from vllm_rl_conformance.fixtures.tier2.weight_swap import NOOP, assert_every_post_swap_token_matches, span_mismatches
+from vllm_rl_conformance.fixtures.tier2.cpu_swap import INPROCESS
+from vllm_rl_conformance.fixtures.tier2.weight_swap import assert_every_post_swap_token_matches, span_mismatches
 
 pytestmark = [pytest.mark.tier2, pytest.mark.area("Tier 2 weight swap while generating"), pytest.mark.order(3)]
 
 
 @pytest.fixture(scope="module")
 def swap_runs(cpu_swap_runs, note):
-    for key, run in cpu_swap_runs.items():
-        if key != NOOP:
-            note(report(run.verdicts, run.title))
-    return cpu_swap_runs
+    """The HTTP form's runs, keyed by their clear_cache value."""
+    runs = {key: cpu_swap_runs[key] for key in (True, False)}
+    for run in runs.values():
+        note(report(run.verdicts, run.title))
+    return runs
 
 
 @pytest.fixture
@@ -63,7 +67,7 @@ def test_which_post_swap_tokens_come_from_the_new_weights_follows_the_version_ex
 
 def test_weight_info_reports_the_version_committed_during_the_swap(swap_runs, record_property):
     seen = [(r.weight_version_before, r.weight_version_after, r.expected_version)
-            for key, r in swap_runs.items() if key != NOOP]
+            for key, r in swap_runs.items()]
     record_property("observed", "; ".join(f"/weight_info {b!r} before the swap, {a!r} after (committed {e!r})"
                                           for b, a, e in seen))
     for before, after, committed in seen:
@@ -93,3 +97,20 @@ def test_the_weight_version_spans_of_each_request_change_exactly_at_its_swap_ind
                                           f"{[(x['version'], x['start'], x['end']) for x in r.weight_versions]}"
                                           for r in with_spans))
     assert not problems, f"{run.title}: " + "; ".join(problems)
+
+
+def test_in_process_form_every_post_swap_token_equals_a_fresh_v2_engine(cpu_swap_runs, note, record_property):
+    """The same swap on an AsyncLLM hosted in a Ray actor, as RL frameworks host their rollout
+    engine: the trainer drives its weight-sync methods through vLLM's Ray-handle client, over
+    the same gloo backend (pause(keep, clear_cache=true) at the trigger); validated against the
+    fresh V2 server."""
+    run = cpu_swap_runs[INPROCESS]
+    if isinstance(run, Exception):
+        raise run
+    if not any(v.record.kind == "paused" for v in run.verdicts):
+        outcomes.not_judged(f"no request was mid-generation at the swap ({report(run.verdicts, run.title)})")
+    text = assert_every_post_swap_token_matches(run)
+    note(text)
+    record_property("observed", text.replace("\n", " | ") + f"; weight version {run.weight_version_after!r}")
+    assert run.weight_version_after == "conformance-swap-1", (
+        f"get_weight_version() is {run.weight_version_after!r} after the swap committed it")

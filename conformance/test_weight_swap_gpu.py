@@ -16,9 +16,7 @@ import json
 import pytest
 
 from vllm_rl_conformance.fixtures.driver import model_builder
-from vllm_rl_conformance.fixtures.tier2.swap_verdicts import SwapRecord, compare
-from vllm_rl_conformance.fixtures.tier2.weight_swap import (MAX_TOKENS, PROMPTS, TRIGGER_TOKENS, Phase1Result, SwapRun,
-                                                           assert_every_post_swap_token_matches, fresh_reference,
+from vllm_rl_conformance.fixtures.tier2.weight_swap import (assert_every_post_swap_token_matches, fresh_reference,
                                                            swap_experiment)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.area("Tier 2 weight swap on GPUs"), pytest.mark.order(3)]
@@ -90,46 +88,33 @@ def test_http_form_every_post_swap_token_equals_a_fresh_v2_engine_and_weight_inf
 def test_in_process_form_every_post_swap_token_equals_a_fresh_v2_engine(two_gpus, models, server_pool, note,
                                                                         record_property):
     import ray
-    from transformers import AutoTokenizer
 
-    from vllm_rl_conformance.fixtures.tier2.inprocess_engine import swap_engine_actor
-    from vllm_rl_conformance.fixtures.tier2.trainer import Trainer, WeightSyncSwap, ray_session
+    from vllm_rl_conformance.fixtures.tier2.inprocess_engine import inprocess_swap_run, swap_engine_actor
+    from vllm_rl_conformance.fixtures.tier2.trainer import Trainer, ray_session
 
     v1, v2 = models
     server_pool.stop_all()
-    tok = AutoTokenizer.from_pretrained(v1)
-    prompts = {f"prompt-{i}": tok.encode(p, add_special_tokens=False) for i, p in enumerate(PROMPTS)}
     engine_kwargs = dict(enforce_eager=True, max_model_len=4096, distributed_executor_backend="ray",
                          gpu_memory_utilization=0.3)
+
+    def validate(records):  # a fresh engine on V2, started once the V1 engine has given its GPU back
+        fresh = swap_engine_actor(dict(model=v2, **engine_kwargs), dict(num_cpus=0, num_gpus=0))
+        try:
+            return fresh_reference(lambda ids, n: ray.get(fresh.generate_ids.remote(ids, n), timeout=TIMEOUT_S),
+                                   records)
+        finally:
+            ray.kill(fresh)
+
     # As in vLLM's example: Ray must not narrow CUDA_VISIBLE_DEVICES; vLLM places its worker.
     env = {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_ENV_VAR": "1", "VLLM_BATCH_INVARIANT": "1"}}
     with ray_session(runtime_env=env):
         trainer = Trainer.options(num_gpus=1).remote(v2, device="cuda")
-        engine = swap_engine_actor(dict(model=v1, weight_transfer_config={"backend": "nccl"}, **engine_kwargs),
-                                   dict(num_cpus=0, num_gpus=0))
         try:
-            ray.get(trainer.init_transfer.remote("nccl", 2, engine_handle=engine),
-                    timeout=TIMEOUT_S)
-            ray.get(engine.start_requests.remote(prompts, MAX_TOKENS), timeout=TIMEOUT_S)
-            ray.get(engine.pause_at.remote(TRIGGER_TOKENS, True, TIMEOUT_S), timeout=TIMEOUT_S + 10)
-            swap = WeightSyncSwap(trainer, "conformance-swap-1", TIMEOUT_S)
-            swap()
-            out = ray.get(engine.resume_and_collect.remote(0.5, TIMEOUT_S), timeout=TIMEOUT_S + 10)
-            version = ray.get(engine.get_weight_version.remote(), timeout=60)
+            run = inprocess_swap_run(v1, "nccl", 2, engine_kwargs, trainer, validate, TIMEOUT_S)
         finally:
-            ray.kill(engine)
             ray.kill(trainer)
-        records = [SwapRecord(pid, prompts[pid], MAX_TOKENS, o["token_ids"], o["swap_index"], o["finish_reason"])
-                   for pid, o in out.items()]
-        fresh = swap_engine_actor(dict(model=v2, **engine_kwargs), dict(num_cpus=0, num_gpus=0))
-        try:
-            refs = fresh_reference(
-                lambda ids, n: ray.get(fresh.generate_ids.remote(ids, n), timeout=TIMEOUT_S), records)
-        finally:
-            ray.kill(fresh)
-    run = SwapRun(Phase1Result(records, True, swap.name + " (AsyncLLM actor, Ray client)"),
-                  compare(records, refs), None, version, "conformance-swap-1", "in-process")
     text = assert_every_post_swap_token_matches(run)
     note(text)
-    record_property("observed", text.replace("\n", " | ") + f"; weight version {version!r}")
-    assert version == "conformance-swap-1", f"get_weight_version() is {version!r} after the swap committed it"
+    record_property("observed", text.replace("\n", " | ") + f"; weight version {run.weight_version_after!r}")
+    assert run.weight_version_after == "conformance-swap-1", (
+        f"get_weight_version() is {run.weight_version_after!r} after the swap committed it")

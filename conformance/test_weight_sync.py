@@ -20,7 +20,7 @@ import pytest
 from vllm_rl_conformance.fixtures.driver import model_builder
 from vllm_rl_conformance.fixtures.driver.client import complete, request_once
 from vllm_rl_conformance.fixtures.tier2 import CPU_BACKEND
-from vllm_rl_conformance.fixtures.tier2.weight_swap import TRANSFER_TIMEOUT_S
+from vllm_rl_conformance.fixtures.tier2.cpu_swap import TRANSFER_TIMEOUT_S
 from vllm_rl_conformance.fixtures.tier2.weight_sync import WATCH_PROMPT, WATCH_TOKENS, SyncSession, status_class
 
 pytestmark = [pytest.mark.tier2, pytest.mark.layout("weight_sync"), pytest.mark.timeout(300),

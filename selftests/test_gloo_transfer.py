@@ -111,3 +111,25 @@ def test_a_receive_whose_trainer_stops_sending_fails_within_the_timeout():
     assert took < 2.0 + 3.0, f"the receive failed after {took:.1f} s; the group's timeout is 2 s"
     assert engine.model.calls == 0, f"{engine.model.calls} batches loaded from a trainer that sent nothing"
     print(f"failed after {took:.1f} s: {str(err.value)[:160]}")
+
+
+def test_the_checkout_plugin_declares_the_entry_point_of_the_installed_package():
+    """.vllm-plugin/ (what servers launched from a checkout see) and pyproject.toml (an installed
+    suite) name the same vllm.general_plugins entry point, and it is importable."""
+    import configparser
+    import importlib
+    import tomllib
+
+    from vllm_rl_conformance.fixtures import SUITE_ROOT
+    from vllm_rl_conformance.fixtures.driver.server import plugin_paths
+
+    declared = tomllib.loads((SUITE_ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["vllm.general_plugins"]
+    [dist_info] = (SUITE_ROOT / ".vllm-plugin").glob("*.dist-info")
+    parser = configparser.ConfigParser()
+    parser.read(dist_info / "entry_points.txt")
+    checkout = dict(parser["vllm.general_plugins"])
+    assert checkout == declared, f".vllm-plugin declares {checkout}, pyproject.toml {declared}"
+    for value in declared.values():
+        module, _, attr = value.partition(":")
+        assert callable(getattr(importlib.import_module(module), attr)), value
+    assert str(SUITE_ROOT / ".vllm-plugin") in plugin_paths(), f"launched servers get {plugin_paths()}"

@@ -1,13 +1,13 @@
 """The weight-sync rows catch a server whose weight-sync endpoints are broken (docs/selftests.md,
 the detection table). The break is inside the server: the suite's weight-transfer plugin
-(fixtures/tier2/gloo_transfer.py, BREAKS) reads it from the environment of the servers an inner
+(fixtures/tier2/gloo_breaks.py) reads it from the environment of the servers an inner
 run launches. Each case runs the one row that must catch it, in launch mode, and asserts it
 fails with a message naming what the engine did.
 """
 
 import pytest
 
-from vllm_rl_conformance.fixtures.tier2.gloo_transfer import BREAK_ENV, BREAKS
+from vllm_rl_conformance.fixtures.tier2.gloo_breaks import BREAK_ENV, BREAKS
 from vllm_rl_conformance.selftests.inner import assert_caught, finding, run_suite
 
 pytestmark = [pytest.mark.selftest, pytest.mark.timeout(400)]
