@@ -34,8 +34,16 @@ def weights():
 
 @pytest.fixture(scope="module")
 def fresh_v2_tokens(server_pool):
-    fresh = server_pool.fresh_v2()
-    return complete(fresh, fresh.model, WATCH_PROMPT, WATCH_TOKENS).token_ids
+    """What a fresh V2 engine answers (asked when first needed: the kept fresh V2 server starts then)."""
+    answers: list[list[int]] = []
+
+    def tokens() -> list[int]:
+        if not answers:
+            fresh = server_pool.fresh_v2()
+            answers.append(complete(fresh, fresh.model, WATCH_PROMPT, WATCH_TOKENS).token_ids)
+        return answers[0]
+
+    return tokens
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +97,7 @@ def test_the_protocol_in_order_while_paused_answers_200_at_every_phase_and_commi
                          surface="generate")
     spans = after.samples[0].weight_versions
     record_property("observed", f"{'; '.join(sync.log)}; /weight_info {committed!r}; generate spans {spans}; "
-                                f"tokens after {after.token_ids}, fresh V2 {fresh_v2_tokens}")
+                                f"tokens after {after.token_ids}")
     try:
         assert committed == "weight-sync-v2", (
             f"/weight_info reports {committed!r} after /finish_weight_update committed 'weight-sync-v2'; "
@@ -99,9 +107,10 @@ def test_the_protocol_in_order_while_paused_answers_200_at_every_phase_and_commi
             assert got == [("weight-sync-v2", 0, WATCH_TOKENS)], (
                 f"a generate request after the swap reports weight_versions {got}; expected "
                 f"{[('weight-sync-v2', 0, WATCH_TOKENS)]}")
-        assert after.token_ids == fresh_v2_tokens, (
+        want = fresh_v2_tokens()
+        assert after.token_ids == want, (
             f"after every phase answered 200 the engine answers {after.token_ids}; a fresh engine on the sent "
-            f"weights answers {fresh_v2_tokens} (before the swap, on V1: {sync.v1_tokens}): the update was "
+            f"weights answers {want} (before the swap, on V1: {sync.v1_tokens}): the update was "
             f"answered but its weights are not the ones serving")
     finally:
         control.pause_ok("abort")
@@ -240,6 +249,6 @@ def resume_fate(sync: SyncSession, control, fresh_v2_tokens) -> str:
     got = sync.completion_tokens(answer)
     if got == sync.v1_tokens:
         return f"v1: {got}"
-    if got == fresh_v2_tokens:
+    if got == fresh_v2_tokens():
         return f"v2: {got}"
-    return f"mixed: {got} (V1 {sync.v1_tokens}, V2 {fresh_v2_tokens})"
+    return f"mixed: {got} (V1 {sync.v1_tokens}, V2 {fresh_v2_tokens()})"
