@@ -105,6 +105,8 @@ def test_in_process_form_every_post_swap_token_equals_a_fresh_v2_engine(cpu_swap
     the same gloo backend (pause(keep, clear_cache=true) at the trigger); validated against the
     fresh V2 server."""
     run = cpu_swap_runs[INPROCESS]
+    if isinstance(run, str):
+        pytest.skip(run)
     if isinstance(run, Exception):
         raise run
     if not any(v.record.kind == "paused" for v in run.verdicts):
