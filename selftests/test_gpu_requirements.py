@@ -85,5 +85,6 @@ def test_make_gpu_e2e_skips_the_gpu_rows_naming_why_and_passes_tier_2_on_cpu(gpu
     assert done.returncode == 0, f"make gpu-e2e failed (exit {done.returncode}):\n{out[-3000:]}"
     assert gpu and all(r["verdict"] == "skipped" and "needs 2 CUDA GPUs" in r["reason"] for r in gpu.values()), (
         {n: (r["verdict"], r["reason"]) for n, r in gpu.items()})
-    assert tier2 and all(r["verdict"] in ("pass", "known deviation") for r in tier2.values()), (
+    # a known violation is judged too: the release does what its expectations entry records (the weight-sync rows)
+    assert tier2 and all(r["verdict"] in ("pass", "known deviation", "known violation") for r in tier2.values()), (
         {n: (r["verdict"], r["reason"][:200]) for n, r in tier2.items()})
