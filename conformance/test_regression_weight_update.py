@@ -14,15 +14,11 @@ import pytest
 from vllm_rl_conformance.fixtures.driver import model_builder
 from vllm_rl_conformance.fixtures.driver.client import SHORT_PROMPT, complete, prompt_longer_than_a_cache_block
 from vllm_rl_conformance.fixtures.driver.control import answered_200
+from vllm_rl_conformance.fixtures.tier2.weight_sync import status_class
 from vllm_rl_conformance.fixtures.tier2.weight_swap import WARM_ANSWER_TOKENS, check_swap_recomputes_a_warm_prefix
 
 pytestmark = [pytest.mark.conformance, pytest.mark.regression, pytest.mark.area("Regression: weight updates")]
 UPDATE_INFO = {"names": ["model.norm.weight"], "dtype_names": ["float32"], "shapes": [[1]]}
-
-
-def status_class(code: int) -> str:
-    """How a refusal is recorded: '4xx' for any client error (the design's answer), else the code."""
-    return "4xx" if 400 <= code < 500 else str(code)
 
 
 class Calls:
