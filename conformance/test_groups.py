@@ -17,7 +17,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import pytest
 
-from vllm_rl_conformance.fixtures.checks import cycles, lifecycle, lifecycle_rows
+from vllm_rl_conformance.fixtures.checks import cycles, lifecycle, lifecycle_rows, pause_effect
 from vllm_rl_conformance.fixtures.driver.client import SHORT_PROMPT, request_once
 from vllm_rl_conformance.fixtures.driver.metrics import engine_state
 from vllm_rl_conformance.fixtures.driver.surfaces import GROUP, GROUP_MEMBER, engine_request_id
@@ -91,6 +91,14 @@ def wait_generating(control, budget, before, answer) -> str | None:
         return None
     return (f"the engine was never seen running the {GROUP['n']} samples of the group "
             f"({'answered meanwhile' if answer.done() else 'not answered'}; {state[0].describe()})")
+
+
+def finished_in_full(answer, seconds) -> bool:
+    """The group's answer came within `seconds` with every sample complete."""
+    try:
+        return answer.result(timeout=seconds).complete_in_full()
+    except FutureTimeout:
+        return False
 
 
 def group_in_flight(pool, control, vllm_server, budget, tokens):
@@ -172,28 +180,38 @@ def test_keep_holds_a_non_streamed_group_without_progress_and_resume_completes_e
         control, vllm_server, budget, record_property):
     def trial(k):
         tokens = lifecycle.trial_tokens(budget, k + 1)
+        before = engine_state(control)
         with ThreadPoolExecutor(max_workers=1) as pool:
             answer, request_id, why = group_in_flight(pool, control, vllm_server, budget, tokens)
             if why is not None:
                 return None, why
-            control.pause_ok("keep")
+            effect = pause_effect.pause_watched(control, "keep")
             frozen = engine_state(control)
+            if lifecycle.finished_normally(before, frozen) and finished_in_full(answer, budget.settle_s):
+                group = answer.result()
+                assert not effect.kept_generating(), pause_effect.keep_waited_message(
+                    effect, f"the {GROUP['n']} samples of a non-streamed group", group.describe())
+                control.resume_ok()
+                return None, (f"{effect.describe()}; the engine had finished the group normally before "
+                              f"({group.describe()})")
             time.sleep(budget.hold_s)  # observation window: nothing may be generated or answered
             later = engine_state(control)
             assert not answer.done() and (later - frozen).generated == 0, (
                 "under keep the non-streamed group " + (f"was answered: {answer.result().describe()}"
                                                           if answer.done() else
                                                           f"kept generating: {(later - frozen).generated:g} tokens "
-                                                          f"in {budget.hold_s:.2f} s"))
+                                                          f"in {budget.hold_s:.2f} s")
+                + f" ({effect.describe()})")
             held = later.running + later.waiting
             control.resume_ok()
             group = answer_within(answer, request_id, budget.finish_s(tokens, concurrent=GROUP["n"]), control,
                                   "resume")
-        return (tokens, held, group), None
+        return (tokens, held, group, effect), None
 
-    (tokens, held, group), void = lifecycle.until_not_void(trial, "pause(keep)")
+    (tokens, held, group, effect), void = lifecycle.until_not_void(trial, "pause(keep)")
     assert group.finish_reason == "length" and all(k == tokens for k in group.sample_tokens), (
         f"a non-streamed group held by keep answered {group.describe()} after resume; expected every sample "
         f"completed with {tokens} tokens")
     record_property("observed", f"held {held:g} sequences, none generating, for {budget.hold_s:.2f} s; after "
-                                f"resume: {group.describe()}" + lifecycle.void_note(void))
+                                f"resume: {group.describe()}" + effect.slow_path_note(budget.pause_s)
+                    + lifecycle.void_note(void))

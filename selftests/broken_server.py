@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import threading
 from typing import Callable
 
@@ -46,6 +47,9 @@ BREAKS = {
     "late-request-blocks-drain": "after a completion arrives while paused, pause(mode=wait) never returns (vllm#51481)",
     "abort-requests-ignores-ids": "/abort_requests aborts every request, not only the ids named",
     "pause-is-slow": "every /pause answers 3 s late",
+    # A correct server behind a slow path (an ingress, a proxy, a loaded host): not a break; the suite must pass.
+    "slow-path": "every call reaches the server 50-200 ms late, and every response chunk reaches the client "
+                 "50-200 ms after the server sent it (latency, not a slower server: chunks keep their order)",
     "weight-update-out-of-order-accepted": "/start_weight_update, /update_weights, /finish_weight_update answer 200 "
                                            "without reaching the engine",
     # The other request surfaces (fixtures/driver/surfaces.py).
@@ -74,6 +78,7 @@ BREAKS = {
 HANG_S = 600  # "never returns": far beyond any bound of the suite
 OVERLAP_S = 0.3  # racing calls are held this long, so a second one surely arrives during the first
 SLOW_PAUSE_S = 3.0
+SLOW_PATH_S = (0.05, 0.2)  # slow-path: the latency added to each call and to each response chunk
 # On exit, handlers still held (a "hang" break) get this long, then are cancelled.
 SHUTDOWN_S = 2.0
 WEIGHT_PATHS = {"/start_weight_update", "/update_weights", "/finish_weight_update"}
@@ -102,6 +107,7 @@ class BrokenProxy:
         self.open_streams: list[dict] = []  # requests being answered (resumed-logprobs-altered)
         self.is_paused_calls = 0
         self.repeated_once = False  # first-keep-resume-repeats-a-token-once has repeated its chunk
+        self.latency = random.Random(0)  # slow-path: the same delays each run
         self.session: aiohttp.ClientSession | None = None
 
     def app(self) -> web.Application:
@@ -120,9 +126,14 @@ class BrokenProxy:
     async def _close(self, app):
         await self.session.close()
 
+    def _delay(self) -> float:
+        return self.latency.uniform(*SLOW_PATH_S) if "slow-path" in self.breaks else 0.0
+
     async def handle(self, request: web.Request) -> web.StreamResponse:
         path, query = request.path, dict(request.query)
         b = self.breaks
+        if "slow-path" in b:
+            await asyncio.sleep(self._delay())
         if "no-pause-routes" in b and path in DEV_PATHS:
             return web.json_response({"detail": "Not Found"}, status=404)
         if "before-keep-mode" in b:
@@ -340,10 +351,36 @@ class BrokenProxy:
             out = web.StreamResponse(status=up.status, headers={
                 k: v for k, v in up.headers.items() if k.lower() not in HOP_HEADERS | {"content-encoding"}})
             await out.prepare(request)
-            async for chunk in up.content.iter_any():  # stream SSE through as it comes
-                await out.write(rewrite(chunk) if rewrite else chunk)
+            if "slow-path" in self.breaks:
+                await self._deliver_late(up, out, rewrite)
+            else:
+                async for chunk in up.content.iter_any():  # stream SSE through as it comes
+                    await out.write(rewrite(chunk) if rewrite else chunk)
             await out.write_eof()
             return out
+
+    async def _deliver_late(self, up, out: web.StreamResponse, rewrite) -> None:
+        """slow-path: each chunk is written a delay after it arrived, never before the chunk
+        before it; reading goes on meanwhile, so the delays do not add up over a stream."""
+        loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+
+        async def read():
+            due = 0.0
+            try:
+                async for chunk in up.content.iter_any():
+                    due = max(due, loop.time() + self._delay())
+                    queue.put_nowait((due, chunk))
+            finally:
+                queue.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (item := await queue.get()) is not None:
+                await asyncio.sleep(max(0.0, item[0] - loop.time()))
+                await out.write(rewrite(item[1]) if rewrite else item[1])
+            await reader  # its error, if reading failed
+        finally:
+            reader.cancel()
 
 
 class ProxyThread:

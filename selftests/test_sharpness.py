@@ -37,6 +37,7 @@ ABORT_PLAIN = rows.test_id("regression.abort-non-streaming", "completions")
 LATENCY = rows.test_id("regression.keep-latency")
 WEIGHT_CALLS = rows.test_id("regression.weight-calls")
 GROUP_ABORT = rows.test_id("groups.abort-streamed")
+GROUP_KEEP = rows.test_id("groups.keep")
 CONTINUITY = rows.test_id("lifecycle.keep-continuity", "clear_cache-false-completions")
 SPANS = rows.test_id("weights.version-spans", "generate")
 
@@ -47,6 +48,7 @@ CASES = [
     ("abort-reported-as-stop", ABORT, "expected finish_reason 'abort'"),
     ("keep-acts-like-abort", KEEP, "ended while paused with keep"),
     ("keep-acts-like-wait", KEEP, "keep must freeze a running request, not wait for it"),
+    ("keep-acts-like-wait", GROUP_KEEP, "keep must freeze a running request, not wait for it"),
     ("keep-is-a-no-op", KEEP, "observed 'ran while paused'"),
     ("wait-acts-like-abort", WAIT, "expected it finished normally"),
     ("resume-does-nothing", STATE, "is_paused is true after resume"),
@@ -70,7 +72,7 @@ CASES = [
 
 
 def case_id(breakage, target, _message):
-    return breakage + ("-non-streaming" if target == ABORT_PLAIN else "")
+    return breakage + {ABORT_PLAIN: "-non-streaming", GROUP_KEEP: "-non-streamed-group"}.get(target, "")
 
 
 @pytest.mark.parametrize("breakage, target, message", CASES, ids=[case_id(*c) for c in CASES])
