@@ -186,11 +186,10 @@ def test_keep_holds_a_non_streamed_group_without_progress_and_resume_completes_e
             if why is not None:
                 return None, why
             effect = pause_effect.pause_watched(control, "keep")
-            frozen = engine_state(control)
+            frozen = effect.last
             if lifecycle.finished_normally(before, frozen) and finished_in_full(answer, budget.settle_s):
                 group = answer.result()
-                assert not effect.kept_generating(), pause_effect.keep_waited_message(
-                    effect, f"the {GROUP['n']} samples of a non-streamed group", group.describe())
+                effect.assert_froze(f"the {GROUP['n']} samples of a non-streamed group", group.describe())
                 control.resume_ok()
                 return None, (f"{effect.describe()}; the engine had finished the group normally before "
                               f"({group.describe()})")
