@@ -3,8 +3,9 @@
 #                      the report table, validate reports/conformance.json against its schema
 #   make test          set up (if needed), then run what CI runs: conformance, fleet, data-parallel, API servers,
 #                      field-bug regressions, model-based histories, tier 2 on CPU, self-tests
-#   make bench         how long make conformance and pytest -m p0 take, as multiples of one server start
-#                      (BENCH_TEST=1 adds make test, BENCH_REPEAT=3 three rounds), and pause latency; reports/bench/
+#   make bench         how long make conformance, pytest -m p0 and make test take, as multiples of the sum of
+#                      the engine starts each makes (BENCH_TEST= leaves make test out, BENCH_REPEAT=3 three
+#                      rounds), and pause latency; reports/bench/
 #   make tier2         tier 2 on CPU through vLLM's weight-sync protocol (the suite's gloo backend): weight swap
 #                      while generating, validated against a fresh V2 engine, and the weight-sync endpoints
 #   make gpu-e2e       tier 2 on two GPUs over NCCL (own venv, requirements-gpu.txt); skips without two GPUs
@@ -19,7 +20,7 @@ PYTEST_ARGS ?=
 MARKERS     ?= p0 or p1
 # Rows `make test` runs (what CI runs).
 TEST_MARKERS ?= p0 or p1 or fleet or dp or api_servers or regression or model_based or tier2 or selftest
-BENCH_TEST  ?=
+BENCH_TEST  ?= 1
 # make bench: rounds (each number is the median over them).
 BENCH_REPEAT ?= 1
 REPORT      ?= reports/conformance.json

@@ -110,7 +110,7 @@ def engine(settings, server_pool):
     ids = [tokenizer.encode(p, add_special_tokens=False) for p in (SHORT_PROMPT, lifecycle.PAUSED_PROMPT)]
     started = server_pool.claim_early(__name__) or LifecycleEngineStart(model, ENGINE_ARGS)
     try:
-        started.ready()
+        server_pool.engine_built("in-process AsyncLLM (P0 lifecycle rows)", started.ready())
         yield Engine(started.handle, *ids)
     finally:
         started.close()

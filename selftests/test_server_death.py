@@ -2,7 +2,9 @@
 a cascade of connection errors: a suite run in which selftests/engine_killer.py kills the
 engine during its request. In launch mode the server is started again and the rows after it
 are judged; in attach mode the rows left on that server are "not run", one line each. The
-report's "server died" entry names the test, the time and the cause."""
+report's "server died" entry names the test, the time and the cause. The attach-mode case kills
+the engine of the server test_kernel_paths.py ran against (selftests/shared_launches.py): one
+start for both."""
 
 import os
 import re
@@ -12,8 +14,10 @@ import pytest
 from vllm_rl_conformance.fixtures.results import rows
 from vllm_rl_conformance.selftests.engine_killer import PID_ENV
 from vllm_rl_conformance.selftests.inner import run_suite
+from vllm_rl_conformance.selftests.shared_launches import OTHER_KERNEL_PATH, other_kernel_path_server
 
-pytestmark = [pytest.mark.selftest, pytest.mark.timeout(420)]
+# With the modules that launch servers of their own, after test_kernel_paths.py (whose server it ends).
+pytestmark = [pytest.mark.selftest, pytest.mark.timeout(420), pytest.mark.order(3)]
 
 KILLER = "selftests/engine_killer.py"
 BEFORE = rows.test_id("state.idempotent")
@@ -56,16 +60,14 @@ def test_launch_mode_reports_the_engines_own_error_once_starts_the_server_again_
 
 
 def test_attach_mode_reports_the_death_once_and_marks_the_rows_left_not_run(
-        server_pool, tmp_path, record_property):
-    from vllm_rl_conformance.fixtures.driver import model_builder
-
-    srv = server_pool.launch(str(model_builder.ensure("v1")), [], label="engine-killed")
+        settings, server_pool, tmp_path, record_property):
+    srv = other_kernel_path_server(settings, server_pool)
     os.environ[PID_ENV] = str(srv.proc.pid)
     try:
         run = run_suite(srv.url, srv.model, TARGETS, tmp_path, bound=BOUND_S)
     finally:
         os.environ.pop(PID_ENV, None)
-        srv.stop()
+        server_pool.release(OTHER_KERNEL_PATH)
     death = assert_one_failure_naming_the_death(run, "its log is not visible in attach mode")
     assert death["restart"] is None, death
     got = verdicts(run)

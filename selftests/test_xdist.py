@@ -7,13 +7,14 @@ import pytest
 from vllm_rl_conformance.fixtures.results import rows
 from vllm_rl_conformance.selftests.inner import assert_no_false_failure, check_break, finding, run_suite
 
-pytestmark = [pytest.mark.selftest, pytest.mark.usefixtures("rates")]
+pytestmark = pytest.mark.selftest
 
 LIFECYCLE, STATE, INVALID = (rows.by_id(rows.load())[r].path for r in ("lifecycle.abort", "state.initial",
                                                                        "state.invalid-mode"))
 KEEP = rows.test_id("lifecycle.keep", "completions")
 
 
+@pytest.mark.usefixtures("rates")  # measured once by this run, passed to the inner run
 def test_two_workers_against_one_attached_server_pass_where_one_worker_does(server_target, model, tmp_path,
                                                                              record_property):
     run = run_suite(server_target.url, model, [STATE, INVALID, LIFECYCLE], tmp_path, "-n", "2", "-m", "p0",
@@ -25,6 +26,7 @@ def test_two_workers_against_one_attached_server_pass_where_one_worker_does(serv
     assert {r["server"] for r in rep["rows"]} == {server_target.url}, [r["server"] for r in rep["rows"]]
 
 
+@pytest.mark.usefixtures("rates")
 def test_two_workers_still_catch_a_server_where_keep_acts_like_abort(server_target, tmp_path, record_property):
     check_break(server_target, "keep-acts-like-abort", KEEP, "ended while paused with keep", tmp_path, record_property,
                 "-n", "2")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Downstream CI recipe: judge a CPU vLLM server with the suite's P0 rows, as a CI job would.
-# Installs the thin attach set, starts the server in its own process group, waits for
-# /health, runs `pytest -m p0` against it, and ends the server whatever happened. The
+# Starts the server in its own process group, installs the thin attach set while it starts,
+# waits for /health, runs `pytest -m p0` against it, and ends the server whatever happened. The
 # report (conformance.md/.json, junit.xml) lands in $REPORT_DIR. Exit status: pytest's.
 #
 #   SUITE         the suite's directory (default: two levels above this script)
@@ -26,11 +26,7 @@ HEALTH_TIMEOUT=${HEALTH_TIMEOUT:-600}
 SELECTION=${SELECTION:-p0}
 URL=http://127.0.0.1:$PORT
 
-# 1. The attach set: pytest and HTTP clients, no vLLM, torch or Ray.
-[ -x "$ATTACH_VENV/bin/python" ] || python3 -m venv "$ATTACH_VENV"
-"$ATTACH_VENV/bin/pip" install --quiet --disable-pip-version-check -r "$SUITE/requirements-attach.txt"
-
-# 2. The server, in a process group of its own, ended on any exit of this script.
+# 1. The server, in a process group of its own, ended on any exit of this script.
 mkdir -p "$REPORT_DIR"
 VLLM_SERVER_DEV_MODE=1 setsid "$VLLM_PYTHON" -m vllm.entrypoints.openai.api_server --model "$MODEL" \
   --host 127.0.0.1 --port "$PORT" --enable-prefix-caching --enable-prompt-tokens-details $SERVER_ARGS \
@@ -43,6 +39,10 @@ stop_server() {
 }
 trap stop_server EXIT
 trap 'exit 143' TERM INT  # a cancelled job still ends the server (through the EXIT trap)
+
+# 2. While it starts, the attach set: pytest and HTTP clients, no vLLM, torch or Ray.
+[ -x "$ATTACH_VENV/bin/python" ] || python3 -m venv "$ATTACH_VENV"
+"$ATTACH_VENV/bin/pip" install --quiet --disable-pip-version-check -r "$SUITE/requirements-attach.txt"
 
 # 3. Wait for /health, failing fast (with the log's tail) if the server exits first.
 deadline=$((SECONDS + HEALTH_TIMEOUT))
