@@ -23,6 +23,8 @@ from vllm_rl_conformance.fixtures.tier2 import CPU_BACKEND
 from vllm_rl_conformance.fixtures.tier2.cpu_swap import TRANSFER_TIMEOUT_S
 from vllm_rl_conformance.fixtures.tier2.weight_sync import WATCH_PROMPT, WATCH_TOKENS, SyncSession, status_class
 
+# Right after tier 2 (order 3), on its weight-sync server; last of the conformance modules (a trainer killed
+# mid-send can leave an engine that dies at its next step).
 pytestmark = [pytest.mark.tier2, pytest.mark.layout("weight_sync"), pytest.mark.timeout(300),
               pytest.mark.area("Tier 2 weight-sync endpoints"), pytest.mark.order(4)]
 

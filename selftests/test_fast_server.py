@@ -31,7 +31,7 @@ ABORT_IDS = rows.test_id("regression.abort-requests-ids", "completions")
 MBT_EXAMPLES = 1
 SELECTION_BOUND_S = 600  # ~4-5 min on 2 cores behind the slow path; requests as long as the context allows
 
-pytestmark = [pytest.mark.selftest, pytest.mark.order(3)]
+pytestmark = [pytest.mark.selftest, pytest.mark.order(5)]
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,9 @@ from vllm_rl_conformance.selftests.engine_killer import PID_ENV
 from vllm_rl_conformance.selftests.inner import run_suite
 from vllm_rl_conformance.selftests.shared_launches import OTHER_KERNEL_PATH, other_kernel_path_server
 
-# With the modules that launch servers of their own, after test_kernel_paths.py (whose server it ends).
-pytestmark = [pytest.mark.selftest, pytest.mark.timeout(420), pytest.mark.order(3)]
+# With the self-tests that launch servers of their own (order 5, after tier 2), after test_kernel_paths.py
+# (whose server it ends).
+pytestmark = [pytest.mark.selftest, pytest.mark.timeout(420), pytest.mark.order(5)]
 
 KILLER = "selftests/engine_killer.py"
 BEFORE = rows.test_id("state.idempotent")

@@ -14,7 +14,7 @@ from vllm_rl_conformance.fixtures.tier2.cpu_swap import CPU_SWAP_SERVER_ARGS
 from vllm_rl_conformance.fixtures.tier2.gloo_breaks import BREAK_ENV, BREAKS
 from vllm_rl_conformance.selftests.inner import assert_caught, finding, run_suite
 
-pytestmark = [pytest.mark.selftest, pytest.mark.timeout(400), pytest.mark.order(3)]
+pytestmark = [pytest.mark.selftest, pytest.mark.timeout(400), pytest.mark.order(5)]
 
 MODULE = "conformance/test_weight_sync.py"
 IN_ORDER = "test_the_protocol_in_order_while_paused_answers_200_at_every_phase_and_commits_the_version"

@@ -32,7 +32,7 @@ def test_two_workers_still_catch_a_server_where_keep_acts_like_abort(server_targ
                 "-n", "2")
 
 
-@pytest.mark.order(3)  # with the modules that stop the shared servers: it launches two of its own
+@pytest.mark.order(5)  # with the self-tests that stop the shared servers: it launches two of its own
 def test_in_launch_mode_each_worker_starts_its_own_server(settings, server_pool, tmp_path, record_property):
     if settings.attach:
         pytest.skip("launches servers of its own: attach mode has no launcher")
