@@ -14,7 +14,7 @@ import time
 import pytest
 import requests
 
-from vllm_rl_conformance.fixtures.checks import lifecycle
+from vllm_rl_conformance.fixtures.checks import lifecycle, steps
 from vllm_rl_conformance.fixtures.driver.control import CONTROL_TIMEOUT
 
 CONNECTIONS = 8  # fresh connections per check: the chance all land on one of 2 front-ends is 1/128
@@ -72,6 +72,6 @@ def test_requests_over_fresh_connections_are_all_held_while_paused_and_all_compl
         f"front-end that did not hold it")
     control.resume_ok()
     for s, got in zip(sent, seen):
-        lifecycle.complete_after_resume(streams, s if got == "queued" else None, budget, concurrent=CONNECTIONS)
+        steps.complete_held_or_resent(streams, s if got == "queued" else None, budget, concurrent=CONNECTIONS)
     record_property("observed", f"{CONNECTIONS} requests over fresh connections while paused: {seen}; all completed "
                                 f"after resume")

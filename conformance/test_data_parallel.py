@@ -42,4 +42,4 @@ def test_keep_under_data_parallel_freezes_the_in_flight_request_and_resume_compl
 def test_resume_under_data_parallel_is_effective_when_it_returns(
         control, streams, budget, rates, expected, capabilities, record_property):
     record_property("observed", f"DP {capabilities.data_parallel_size}: "
-                    + lifecycle_rows.resume_is_effective_row(control, streams, budget, rates, expected))
+                    + lifecycle_rows.resume_is_effective_row(control, streams, budget, expected, rates))

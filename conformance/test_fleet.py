@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pytest
 
 from vllm_rl_conformance.fixtures.driver import capabilities as capabilities_mod
-from vllm_rl_conformance.fixtures.checks import lifecycle
+from vllm_rl_conformance.fixtures.checks import lifecycle, steps
 from vllm_rl_conformance.fixtures.plugin import entry as plugin
 from vllm_rl_conformance.fixtures.checks.budget import Budget, budget_of
 from vllm_rl_conformance.fixtures.driver.control import ControlPlane, answered_200
@@ -145,7 +145,7 @@ def test_pausing_every_server_holds_the_work_sent_to_each_and_resuming_every_ser
     held = send_to_each_while_paused(fleet, streams, expected_on, mode)
     resume_every(fleet)
     for m, (s, _) in zip(fleet, held):
-        lifecycle.complete_after_resume(streams, s, m.budget, concurrent=len(fleet), server=m.server)
+        steps.complete_held_or_resent(streams, s, m.budget, concurrent=len(fleet), server=m.server)
     where = assert_finished_here(fleet, before)
     record_property("observed", f"{len(fleet)} servers paused ({mode}); sent while paused: "
                     + ", ".join(o for _, o in held) + f"; after resuming all: {where}")
@@ -159,7 +159,7 @@ def test_resuming_one_server_releases_only_the_work_sent_to_that_server(
     held = send_to_each_while_paused(fleet, streams, expected_on, "keep")
 
     resume_every([first])
-    lifecycle.complete_after_resume(streams, held[0][0], first.budget, server=first.server)
+    steps.complete_held_or_resent(streams, held[0][0], first.budget, server=first.server)
     still = on_every(rest, lambda m: m.control.is_paused())
     assert all(still), ("resuming " + first.name + " changed the state of the other servers: is_paused "
                         + ", ".join(f"{m.name}: {p}" for m, p in zip(rest, still)))
@@ -171,7 +171,7 @@ def test_resuming_one_server_releases_only_the_work_sent_to_that_server(
                 f"resumed: {s.describe()}")
     resume_every(rest)
     for m, (s, _) in zip(rest, held[1:]):
-        lifecycle.complete_after_resume(streams, s, m.budget, server=m.server)
+        steps.complete_held_or_resent(streams, s, m.budget, server=m.server)
     where = assert_finished_here(fleet, before)
     record_property("observed", f"{first.name} resumed alone: its request completed while "
                     f"{len(rest)} other server(s) stayed paused holding theirs; then: {where}")

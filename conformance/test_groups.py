@@ -17,7 +17,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import pytest
 
-from vllm_rl_conformance.fixtures.checks import cycles, lifecycle, lifecycle_rows, pause_effect
+from vllm_rl_conformance.fixtures.checks import cycles, lifecycle, lifecycle_rows, pause_effect, steps
 from vllm_rl_conformance.fixtures.driver.client import SHORT_PROMPT, request_once
 from vllm_rl_conformance.fixtures.driver.metrics import engine_state
 from vllm_rl_conformance.fixtures.driver.surfaces import GROUP, GROUP_MEMBER, engine_request_id
@@ -137,7 +137,7 @@ def test_abort_ends_every_sample_of_a_non_streamed_group_with_finish_reason_abor
         return group, (f"pause(abort) answered after {took:.2f} s; the engine had finished {done_before:g} "
                        f"samples normally ({group.describe()})")
 
-    group, void = lifecycle.until_not_void(trial, "pause(abort)")
+    group, void = steps.until_not_void(trial, "pause(abort)")
     assert group.finish_reason == "abort" and all(0 < k < tokens for k in group.sample_tokens), (
         f"a non-streamed group of {GROUP['n']} in flight at pause(abort) answered {group.describe()}; "
         f"expected every sample to end with finish_reason 'abort' and its partial tokens (1..{tokens - 1})")
@@ -162,7 +162,7 @@ def test_wait_returns_once_every_sample_of_a_non_streamed_group_has_finished(
             return (tokens, took, state, answer_within(answer, request_id, budget.settle_s, control,
                                                        "pause(wait) returned")), None
 
-    (tokens, took, state, group), void = lifecycle.until_not_void(trial, "pause(wait)")
+    (tokens, took, state, group), void = steps.until_not_void(trial, "pause(wait)")
     assert state.counts == (0, 0), (
         f"pause(wait) returned after {took:.2f} s with the engine still running {state.running:g} and "
         f"holding {state.waiting:g} requests of the group")
@@ -207,7 +207,7 @@ def test_keep_holds_a_non_streamed_group_without_progress_and_resume_completes_e
                                   "resume")
         return (tokens, held, group, effect), None
 
-    (tokens, held, group, effect), void = lifecycle.until_not_void(trial, "pause(keep)")
+    (tokens, held, group, effect), void = steps.until_not_void(trial, "pause(keep)")
     assert group.finish_reason == "length" and all(k == tokens for k in group.sample_tokens), (
         f"a non-streamed group held by keep answered {group.describe()} after resume; expected every sample "
         f"completed with {tokens} tokens")

@@ -15,7 +15,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import pytest
 
-from vllm_rl_conformance.fixtures.checks import lifecycle, outcomes
+from vllm_rl_conformance.fixtures.checks import lifecycle, outcomes, steps
 from vllm_rl_conformance.fixtures.driver.client import SHORT_PROMPT, request_once
 from vllm_rl_conformance.fixtures.driver.metrics import engine_state
 from vllm_rl_conformance.fixtures.driver.surfaces import HTTP_SURFACES, engine_request_id
@@ -138,7 +138,7 @@ def test_pause_abort_ends_a_non_streaming_request_with_finish_reason_abort_and_i
         control.resume_ok()
         return c, f"pause(abort) answered after {took:.2f} s; the engine had finished the request normally ({c.describe()})"
 
-    c, void = lifecycle.until_not_void(trial, "pause(abort)")
+    c, void = steps.until_not_void(trial, "pause(abort)")
     assert_partial_abort(c, tokens, "a non-streaming request in flight at pause(abort)")
     record_property("observed", f"non-streaming: finish_reason {c.finish_reason!r} after {c.n_tokens} tokens"
                     + lifecycle.void_note(void))

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from vllm_rl_conformance.fixtures.checks import lifecycle
+from vllm_rl_conformance.fixtures.checks import lifecycle, steps
 from vllm_rl_conformance.fixtures.driver.metrics import engine_state
 
 pytestmark = [
@@ -37,7 +37,7 @@ def test_a_request_sent_during_a_pause_never_blocks_later_pauses_and_completes_a
         control, streams, budget, expected, capabilities, record_property):
     bound = budget.settle_s
     before = engine_state(control)
-    in_flight = lifecycle.start_all_in_flight(streams, budget, ["in-flight-0", "in-flight-1"], budget.abort_tokens)
+    in_flight = steps.start_alone(streams, budget, ["in-flight-0", "in-flight-1"], budget.abort_tokens)
     engine = engine_state(control)
     sent_at = lifecycle.tokens_of(in_flight)
     log = [timed("pause(abort)", lambda: control.pause_ok("abort", timeout=bound))]
@@ -48,12 +48,12 @@ def test_a_request_sent_during_a_pause_never_blocks_later_pauses_and_completes_a
     if finished:
         log.append(f"{len(finished)} in-flight request(s) the engine had finished before the abort")
     aborted_at = lifecycle.tokens_of(in_flight)
-    late, seen = lifecycle.send_while_paused(control, streams, budget, expected, "abort", name="late")
+    late, seen = steps.send_alone_while_paused(control, streams, budget, expected, "abort", name="late")
     for mode in ("wait", "keep"):  # the drain that timed out in the field, then a keep on top
         log.append(timed(f"pause({mode}) again", lambda: control.pause_ok(mode, timeout=bound)))
         assert control.is_paused() is True, f"is_paused is false after pause({mode}) with a late request queued"
     log.append(timed("resume", control.resume_ok))
-    lifecycle.complete_after_resume(streams, late, budget)
+    steps.complete_held_or_resent(streams, late, budget)
     assert lifecycle.tokens_of(in_flight) == aborted_at, (
         f"the aborted requests delivered more tokens after resume: {aborted_at} -> {lifecycle.tokens_of(in_flight)}")
     drained = lifecycle.assert_engine_drains(control, budget)
@@ -66,7 +66,7 @@ def test_a_second_abort_or_a_sleep_during_a_pause_returns_in_bounded_time_and_it
         control, streams, budget, expected, action, record_property):
     bound = budget.settle_s
     log = [timed("pause(abort)", lambda: control.pause_ok("abort", timeout=bound))]
-    late, seen = lifecycle.send_while_paused(control, streams, budget, expected, "abort", name="late")
+    late, seen = steps.send_alone_while_paused(control, streams, budget, expected, "abort", name="late")
     if action == "pause-abort-again":
         log.append(timed("pause(abort) again", lambda: control.pause_ok("abort", timeout=bound)))
     else:
@@ -77,7 +77,7 @@ def test_a_second_abort_or_a_sleep_during_a_pause_returns_in_bounded_time_and_it
     got = lifecycle.held_fate(late) if late is not None else seen
     log.append(timed("resume", control.resume_ok))
     if got == "queued":
-        lifecycle.complete_after_resume(streams, late, budget)
+        steps.complete_held_or_resent(streams, late, budget)
     record_property("observed", ", ".join(log) + f" (bound {bound:.1f} s each); the queued request: {got}")
     key = "queued_request_on_" + action.replace("-", "_")
     check = expected.check(key, got)

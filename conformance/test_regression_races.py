@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from vllm_rl_conformance.fixtures.checks import lifecycle
+from vllm_rl_conformance.fixtures.checks import lifecycle, steps
 from vllm_rl_conformance.fixtures.driver.client import SHORT_PROMPT
 from vllm_rl_conformance.fixtures.driver.control import ControlPlane, answered_200
 
@@ -42,9 +42,9 @@ def own_control(server, bound):
                  "Two resumes racing a wave of new requests MUST both return and every request MUST complete.")
 def test_two_resumes_racing_with_a_wave_of_new_requests_both_return_and_every_request_completes(
         control, streams, budget, vllm_server, expected, record_property):
-    in_flight = lifecycle.start_all_in_flight(streams, budget, ["in-flight-0", "in-flight-1"])
+    in_flight = steps.start_alone(streams, budget, ["in-flight-0", "in-flight-1"])
     control.pause_ok("keep")
-    held, seen = lifecycle.send_while_paused(control, streams, budget, expected, "keep", name="held")
+    held, seen = steps.send_alone_while_paused(control, streams, budget, expected, "keep", name="held")
     bound = budget.settle_s
     wave = []
     calls = [lambda: own_control(vllm_server, bound).resume(), lambda: own_control(vllm_server, bound).resume()]
@@ -57,7 +57,7 @@ def test_two_resumes_racing_with_a_wave_of_new_requests_both_return_and_every_re
     everyone = in_flight + wave
     for s in everyone:
         lifecycle.assert_completed(s, budget, s.max_tokens, concurrent=len(everyone) + 1)
-    lifecycle.complete_after_resume(streams, held, budget, concurrent=len(everyone) + 1)
+    steps.complete_held_or_resent(streams, held, budget, concurrent=len(everyone) + 1)
     record_property("observed", "racing resumes answered 200 in " + ", ".join(f"{t * 1000:.0f} ms" for _, t in resumes)
                     + f" (bound {bound:.1f} s); 2 requests kept in flight, 1 sent while paused ({seen}) and "
                       f"{WAVE} sent during the race all completed")
@@ -68,7 +68,7 @@ def test_two_resumes_racing_with_a_wave_of_new_requests_both_return_and_every_re
 @pytest.mark.parametrize("modes", [("keep", "keep"), ("abort", "wait")], ids=["keep-keep", "abort-wait"])
 def test_two_pauses_racing_both_return_and_every_request_ends(
         control, streams, budget, vllm_server, modes, record_property):
-    in_flight = lifecycle.start_all_in_flight(streams, budget, ["in-flight-0", "in-flight-1"])
+    in_flight = steps.start_alone(streams, budget, ["in-flight-0", "in-flight-1"])
     # a wait may drain the requests in flight; keep and abort answer promptly (the pause-latency bound)
     bound = budget.finish_s(concurrent=2) if "wait" in modes else budget.settle_s
     results = race([lambda m=m: own_control(vllm_server, bound).pause(m) for m in modes], bound)

@@ -36,7 +36,7 @@ pytestmark = [
 def test_abort_ends_the_in_flight_request_with_finish_reason_abort_and_queues_new_ones_until_resume(
         surface, request, control, streams, budget, record_property):
     record_property("observed", cycles.observed(
-        request, lambda surfaces, expected_of: rows.abort_rows(control, streams, budget, expected_of, surfaces)))
+        request, lambda members, expected_of: rows.abort_rows(control, streams, budget, expected_of, members)))
 
 
 @pytest.mark.row("lifecycle.wait",
@@ -47,7 +47,7 @@ def test_abort_ends_the_in_flight_request_with_finish_reason_abort_and_queues_ne
 def test_wait_lets_the_in_flight_request_finish_before_pause_returns_and_queues_new_ones_until_resume(
         surface, request, control, streams, budget, record_property):
     record_property("observed", cycles.observed(
-        request, lambda surfaces, expected_of: rows.wait_rows(control, streams, budget, expected_of, surfaces)))
+        request, lambda members, expected_of: rows.wait_rows(control, streams, budget, expected_of, members)))
 
 
 @pytest.mark.row("lifecycle.keep",
@@ -58,7 +58,7 @@ def test_wait_lets_the_in_flight_request_finish_before_pause_returns_and_queues_
 def test_keep_freezes_the_in_flight_request_and_resume_completes_it_and_the_queued_one(
         surface, request, control, streams, budget, record_property):
     record_property("observed", cycles.observed(
-        request, lambda surfaces, expected_of: rows.keep_rows(control, streams, budget, expected_of, surfaces)))
+        request, lambda members, expected_of: rows.keep_rows(control, streams, budget, expected_of, members)))
 
 
 @pytest.mark.row("lifecycle.keep-continuity",
@@ -69,8 +69,8 @@ def test_keep_freezes_the_in_flight_request_and_resume_completes_it_and_the_queu
 @pytest.mark.cycle("lifecycle.keep-continuity")  # with the seeded sampled rollout of test_sampled_rollouts.py
 def test_keep_then_resume_delivers_the_tokens_and_logprobs_of_an_uninterrupted_greedy_run(
         surface, request, control, streams, budget, clear_cache, continuity_rule, record_property):
-    record_property("observed", cycles.observed(request, lambda surfaces, expected_of: rows.keep_continuity_rows(
-        control, streams, budget, clear_cache, continuity_rule, surfaces, expected_of)))
+    record_property("observed", cycles.observed(request, lambda members, expected_of: rows.keep_continuity_rows(
+        control, streams, budget, expected_of, members, clear_cache, continuity_rule)))
 
 
 @pytest.mark.row("lifecycle.resume-effective",
@@ -78,5 +78,5 @@ def test_keep_then_resume_delivers_the_tokens_and_logprobs_of_an_uninterrupted_g
                  "server's own time to first token.")
 @pytest.mark.p0
 def test_resume_is_effective_when_it_returns(surface, request, control, streams, budget, rates, record_property):
-    record_property("observed", cycles.observed(request, lambda surfaces, expected_of: rows.resume_is_effective_rows(
-        control, streams, budget, rates, expected_of, surfaces)))
+    record_property("observed", cycles.observed(request, lambda members, expected_of: rows.resume_is_effective_rows(
+        control, streams, budget, expected_of, members, rates)))

@@ -28,4 +28,4 @@ pytestmark = [pytest.mark.conformance, pytest.mark.p1, pytest.mark.timeout(300),
 def test_a_seeded_sampled_rollout_kept_across_a_pause_continues_as_the_version_expects(
         request, control, streams, budget, clear_cache, continuity_rule, record_property):
     record_property("observed", cycles.observed(request, lambda members, expected_of: lifecycle_rows.keep_continuity_rows(
-        control, streams, budget, clear_cache, continuity_rule, members, expected_of)))
+        control, streams, budget, expected_of, members, clear_cache, continuity_rule)))

@@ -24,9 +24,9 @@ pytestmark = [pytest.mark.tier2, pytest.mark.area("Tier 2 weight swap while gene
 
 
 @pytest.fixture(scope="module")
-def swap_runs(cpu_swap_runs, note):
-    """The HTTP form's runs, keyed by their clear_cache value."""
-    runs = {key: cpu_swap_runs[key] for key in (True, False)}
+def swap_runs(cpu_swap_runs, continuity_rule, note):
+    """The HTTP form's runs, keyed by their clear_cache value, judged under the run's continuity rule."""
+    runs = {key: cpu_swap_runs[key].judged_by(continuity_rule) for key in (True, False)}
     for run in runs.values():
         note(report(run.verdicts, run.title))
     return runs
@@ -39,12 +39,12 @@ def swap_expected(swap_runs, settings, note, record_property):
     return exp.reported_to(record_property)
 
 
-def test_with_clear_cache_every_post_swap_token_equals_a_fresh_v2_engine(swap_runs, record_property):
+def test_with_clear_cache_every_post_swap_token_equals_a_fresh_v2_engine(swap_runs, continuity_rule, record_property):
     run = swap_runs[True]
     kinds = {v.record.kind for v in run.verdicts}
     if "paused" not in kinds:
         outcomes.not_judged(f"no request was mid-generation at the swap ({report(run.verdicts, run.title)})")
-    text = assert_every_post_swap_token_matches(run)
+    text = assert_every_post_swap_token_matches(run, continuity_rule)
     record_property("observed", text.replace("\n", " | "))
 
 
@@ -99,7 +99,8 @@ def test_the_weight_version_spans_of_each_request_change_exactly_at_its_swap_ind
     assert not problems, f"{run.title}: " + "; ".join(problems)
 
 
-def test_in_process_form_every_post_swap_token_equals_a_fresh_v2_engine(cpu_swap_runs, note, record_property):
+def test_in_process_form_every_post_swap_token_equals_a_fresh_v2_engine(cpu_swap_runs, continuity_rule, note,
+                                                                        record_property):
     """The same swap on an AsyncLLM hosted in a Ray actor, as RL frameworks host their rollout
     engine: the trainer drives its weight-sync methods through vLLM's Ray-handle client, over
     the same gloo backend (pause(keep, clear_cache=true) at the trigger); validated against the
@@ -111,7 +112,7 @@ def test_in_process_form_every_post_swap_token_equals_a_fresh_v2_engine(cpu_swap
         raise run
     if not any(v.record.kind == "paused" for v in run.verdicts):
         outcomes.not_judged(f"no request was mid-generation at the swap ({report(run.verdicts, run.title)})")
-    text = assert_every_post_swap_token_matches(run)
+    text = assert_every_post_swap_token_matches(run, continuity_rule)
     note(text)
     record_property("observed", text.replace("\n", " | ") + f"; weight version {run.weight_version_after!r}")
     assert run.weight_version_after == "conformance-swap-1", (

@@ -53,7 +53,7 @@ def models(settings):
 
 
 def test_http_form_every_post_swap_token_equals_a_fresh_v2_engine_and_weight_info_has_the_version(
-        two_gpus, models, server_pool, note, record_property):
+        two_gpus, models, server_pool, continuity_rule, note, record_property):
     import ray
 
     from vllm_rl_conformance.fixtures.tier2.trainer import Trainer, WeightSyncSwap, ray_session
@@ -77,7 +77,7 @@ def test_http_form_every_post_swap_token_equals_a_fresh_v2_engine_and_weight_inf
         finally:
             ray.kill(trainer)
     run = runs[True]
-    text = assert_every_post_swap_token_matches(run)
+    text = assert_every_post_swap_token_matches(run, continuity_rule)
     note(text)
     record_property("observed", text.replace("\n", " | "))
     assert run.weight_version_after == run.expected_version, (
@@ -85,8 +85,8 @@ def test_http_form_every_post_swap_token_equals_a_fresh_v2_engine_and_weight_inf
         f"{run.expected_version!r}")
 
 
-def test_in_process_form_every_post_swap_token_equals_a_fresh_v2_engine(two_gpus, models, server_pool, note,
-                                                                        record_property):
+def test_in_process_form_every_post_swap_token_equals_a_fresh_v2_engine(two_gpus, models, server_pool, continuity_rule,
+                                                                        note, record_property):
     import ray
 
     from vllm_rl_conformance.fixtures.tier2.inprocess_engine import inprocess_swap_run, swap_engine_actor
@@ -113,7 +113,7 @@ def test_in_process_form_every_post_swap_token_equals_a_fresh_v2_engine(two_gpus
             run = inprocess_swap_run(v1, "nccl", 2, engine_kwargs, trainer, validate, TIMEOUT_S)
         finally:
             ray.kill(trainer)
-    text = assert_every_post_swap_token_matches(run)
+    text = assert_every_post_swap_token_matches(run, continuity_rule)
     note(text)
     record_property("observed", text.replace("\n", " | ") + f"; weight version {run.weight_version_after!r}")
     assert run.weight_version_after == "conformance-swap-1", (

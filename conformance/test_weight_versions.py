@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from vllm_rl_conformance.fixtures.checks import lifecycle
+from vllm_rl_conformance.fixtures.checks import lifecycle, steps
 from vllm_rl_conformance.fixtures.driver.surfaces import span_problems
 
 pytestmark = [
@@ -32,7 +32,7 @@ def test_a_request_kept_across_a_committed_weight_version_reports_spans_that_cha
         surface, control, streams, budget, record_property):
     before = control.weight_version()
     committed = f"conformance-{uuid.uuid4().hex[:8]}"
-    s, at_pause, trials = lifecycle.pause_keep_while_in_flight(control, streams, budget, name="kept-across-update")
+    s, at_pause, trials = steps.keep_alone(control, streams, budget, name="kept-across-update")
     frozen_at = s.wait_quiet(budget.hold_s, budget.settle_s + budget.hold_s)
     control.ok("POST", "/update_weight_version", json={"new_version": committed})
     assert control.weight_version() == committed, (

@@ -1,8 +1,11 @@
 """A thin HTTP proxy in front of a real vLLM server that breaks exactly one row of
 the contract. The suite, attached to the proxy, must fail on the row that is broken.
 
-Run standalone (handy for trying the suite by hand):
-    python -m selftests.broken_server --upstream http://127.0.0.1:8000 --break keep-acts-like-abort
+Run standalone (handy for trying the suite by hand), from the suite's directory:
+    PYTHONPATH=.import python -m vllm_rl_conformance.selftests.broken_server \
+        --upstream http://127.0.0.1:8000 --break keep-acts-like-abort
+
+The breaks are defined in selftests/breaks.py; this proxy implements those that live in it.
 """
 
 from __future__ import annotations
@@ -17,64 +20,9 @@ from typing import Callable
 import aiohttp
 from aiohttp import web
 
-# break name -> what it does (the suite's test that must catch it is in test_sharpness.py)
-BREAKS = {
-    "none": "forward everything unchanged (the control case)",
-    "keep-acts-like-abort": "pause(mode=keep) is forwarded as mode=abort",
-    "keep-acts-like-wait": "pause(mode=keep) is forwarded as mode=wait: it returns once the requests finished",
-    "wait-acts-like-abort": "pause(mode=wait) is forwarded as mode=abort",
-    "abort-acts-like-keep": "pause(mode=abort) is forwarded as mode=keep: requests in flight are frozen, not ended",
-    "abort-reported-as-stop": "completions report finish_reason 'stop' where the server said 'abort'",
-    "keep-is-a-no-op": "pause(mode=keep) answers 200 without pausing; /is_paused then says true",
-    "resume-does-nothing": "/resume answers 200 without resuming",
-    "is-paused-lies": "/is_paused always answers false",
-    "invalid-mode-accepted": "pause with an unknown mode is forwarded as mode=keep (200, paused)",
-    "clear-cache-ignored": "pause(clear_cache=true) is forwarded as clear_cache=false",
-    # Behaviours that differ between versions rather than bugs (docs/contract.md, version-dependent behaviour): the suite must
-    # report what it saw and judge it by the version's expectations entry.
-    "invalid-mode-422": "pause with an unknown mode answers 422 with FastAPI's detail[].loc (the design's status)",
-    "refuse-while-paused-503": "completions sent while paused are refused with 503 (a later upstream behaviour)",
-    # A missing capability: the server was started without VLLM_SERVER_DEV_MODE=1.
-    "no-pause-routes": "/pause, /resume, /is_paused and /server_info answer 404",
-    # An older release: what it lacks is missing from its OpenAPI description too.
-    "before-keep-mode": "an older release: /pause has no keep mode (422) and there is no /abort_requests (404); "
-                        "/openapi.json says so",
-    # Field bugs (docs/attach.md), one per regression test.
-    "wait-does-not-drain": "pause(mode=wait) is forwarded as mode=keep: it returns before the requests finish",
-    "requests-run-while-paused": "pause answers 200 and /is_paused says true, but nothing is paused",
-    "duplicate-resume-hangs": "a /resume that arrives while another is being answered never returns (verl #7846)",
-    "second-pause-hangs": "a /pause that arrives while another is being answered never returns (tokenspeed #346)",
-    "late-request-blocks-drain": "after a completion arrives while paused, pause(mode=wait) never returns (vllm#51481)",
-    "abort-requests-ignores-ids": "/abort_requests aborts every request, not only the ids named",
-    "pause-is-slow": "every /pause answers 3 s late",
-    # A correct server behind a slow path (an ingress, a proxy, a loaded host): not a break; the suite must pass.
-    "slow-path": "every call reaches the server 50-200 ms late, and every response chunk reaches the client "
-                 "50-200 ms after the server sent it (latency, not a slower server: chunks keep their order)",
-    "weight-update-out-of-order-accepted": "/start_weight_update, /update_weights, /finish_weight_update answer 200 "
-                                           "without reaching the engine",
-    # The other request surfaces (fixtures/driver/surfaces.py).
-    "chat-abort-unmarked": "chat streams lose finish_reason 'abort' (null instead)",
-    "group-sample-not-aborted": "in a completion group, sample 1 reports finish_reason 'length' where the server "
-                                "said 'abort'",
-    "spans-collapsed": "generate reports one weight-version span (the last version) over the whole output",
-    "resumed-logprobs-altered": "streams that were open when /resume passed get every later logprob lowered by 0.25",
-    # How continuity is judged (fixtures/checks/continuity.py): drift a correct server shows, and breaks it must catch.
-    "resumed-logprobs-jitter": "streams that were open when /resume passed get every later logprob scaled by "
-                               "1 + 1e-6 (the drift of another kernel path: a correct server)",
-    "resumed-logprob-shifted": "the first logprob a stream gets after /resume is lowered by 0.01",
-    "resumed-token-flipped": "the first token a stream gets after /resume is replaced by the candidate of its top "
-                             "logprobs that trails the sampled one most (a flip where the gap is large)",
-    "front-end-misses-pause": "every second GET /is_paused answers false, as from a front-end that missed the pause",
-    # Breaks only a sequence exposes (the model-based test, selftests/test_model_based_detection.py).
-    "abort-spares-frozen": "pause(mode=abort) on a server already paused with keep answers 200 without reaching it: "
-                           "the frozen requests stay frozen and complete after resume",
-    "abort-requests-ignored-while-paused": "/abort_requests while the server is paused answers 200 without reaching "
-                                           "it: the named frozen or queued requests live on",
-    "second-keep-cycle-repeats-a-token": "a stream resumed from pause(keep) for the second time gets the first chunk "
-                                         "after that resume twice",
-    "first-keep-resume-repeats-a-token-once": "the first stream resumed from pause(keep) that gets a token gets that "
-                                              "chunk twice; no later one does (a failure that does not happen again)",
-}
+from vllm_rl_conformance.selftests.breaks import PROXY, changes_of
+
+BREAKS = changes_of(PROXY)  # break name -> what it changes (selftests/breaks.py)
 HANG_S = 600  # "never returns": far beyond any bound of the suite
 OVERLAP_S = 0.3  # racing calls are held this long, so a second one surely arrives during the first
 SLOW_PAUSE_S = 3.0

@@ -109,3 +109,30 @@ def test_no_document_refers_to_a_file_outside_the_project():
             if not known:
                 outside.append(f"{where(doc)}: `{name}`")
     assert not outside, f"documents name files that are not in the project: {outside}"
+
+
+RECIPE_BLOCK = re.compile(r"^```(\w+) ([\w./-]+)\n(.*?)^```", re.S | re.M)
+RECIPE_MAX_FILES = 4
+
+
+def test_the_adding_a_row_recipe_is_the_code_as_written(record_property):
+    """docs/development.md's "Adding a row": each block names its file, and its lines (but
+    `...`) are in that file in that order; the example touches at most four files and its row
+    is one the suite states."""
+    from vllm_rl_conformance.fixtures.results import rows
+
+    text = (ROOT / "docs" / "development.md").read_text().split("## Adding a row", 1)[1]
+    blocks = RECIPE_BLOCK.findall(text)
+    files = [path for _, path, _ in blocks]
+    assert blocks and len(set(files)) <= RECIPE_MAX_FILES, f"the recipe touches {files}"
+    stale = []
+    for _, path, body in blocks:
+        lines = iter(line.strip() for line in (ROOT / path).read_text().splitlines())
+        for want in (line.strip() for line in body.splitlines()):
+            if want not in ("", "...") and not any(line == want for line in lines):
+                stale.append(f"{path}: {want!r} is not there (in order)")
+                break
+    row_ids = set(re.findall(r'mark\.row\("([\w.-]+)"', text))
+    missing = row_ids - set(rows.by_id(rows.load()))
+    record_property("observed", f"{len(blocks)} blocks in {len(set(files))} files; rows {sorted(row_ids)}")
+    assert not stale and row_ids and not missing, f"the recipe is not the code: {stale} {sorted(missing)}"

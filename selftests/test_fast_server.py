@@ -13,7 +13,7 @@ context runs its engine well ahead of what vLLM's API server and the client deli
 
 import pytest
 
-from vllm_rl_conformance.fixtures.results import rows
+from vllm_rl_conformance.selftests import breaks
 from vllm_rl_conformance.selftests.broken_server import ProxyThread
 from vllm_rl_conformance.selftests.inner import assert_no_false_failure, check_break, run_suite
 
@@ -23,8 +23,7 @@ from vllm_rl_conformance.selftests.inner import assert_no_false_failure, check_b
 ATTACH_SELECTION = "conformance"
 NO_REQUEST_TIMING = ["conformance/test_pause_state.py", "conformance/test_invalid_mode.py",
                      "conformance/test_pause_latency.py"]
-ABORT = rows.test_id("lifecycle.abort", "completions")
-ABORT_IDS = rows.test_id("regression.abort-requests-ids", "completions")
+ABORT, ABORT_IDS = breaks.ABORT, breaks.ABORT_IDS
 # The model-based row's histories here: one. This run checks that no verdict depends on a slow
 # engine or a slow path; searching for rare sequences is the conformance run's job (50 histories).
 # Behind the slow path each history costs ~16 s (its observation windows grow with the measured TTFT).
@@ -62,14 +61,10 @@ def test_the_conformance_selection_passes_on_every_surface_against_a_fast_engine
     assert not not_judged, "rows not judged against a correct fast server:\n" + "\n".join(not_judged)
 
 
-ABORT_BREAKS = [
-    ("abort-acts-like-keep", ABORT, "expected finish_reason 'abort'"),
-    ("abort-reported-as-stop", ABORT, "expected finish_reason 'abort'"),
-    ("abort-requests-ignores-ids", ABORT_IDS, "NOT named in /abort_requests was aborted"),
-]
+ABORT_BREAKS = breaks.cases("test_fast_server")
 
 
-@pytest.mark.parametrize("breakage, target, message", ABORT_BREAKS, ids=[b for b, _, _ in ABORT_BREAKS])
+@pytest.mark.parametrize("case", ABORT_BREAKS, ids=[c.id for c in ABORT_BREAKS])
 def test_the_abort_breaks_are_still_caught_against_a_server_whose_engine_outruns_its_client(
-        fast_server, breakage, target, message, tmp_path, record_property):
-    check_break(fast_server, breakage, target, message, tmp_path, record_property)
+        fast_server, case, tmp_path, record_property):
+    check_break(fast_server, case.breakage, case.test, case.message, tmp_path, record_property)

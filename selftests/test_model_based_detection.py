@@ -9,12 +9,12 @@ import re
 
 import pytest
 
-from vllm_rl_conformance.fixtures.results import rows
+from vllm_rl_conformance.selftests import breaks
 from vllm_rl_conformance.selftests.inner import check_break
 
 pytestmark = [pytest.mark.selftest, pytest.mark.model_based, pytest.mark.usefixtures("rates")]
 
-MODEL_BASED = rows.test_id("model.histories")
+MODEL_BASED = breaks.MODEL_BASED
 # Each break is searched with a seed whose first histories make its sequence (measured on 0.32: the
 # history the break is found in, of HISTORIES, below): any seed finds it given enough histories,
 # these within a few. Hypothesis draws the same histories for the same seed and settings; a change
@@ -39,13 +39,14 @@ def search(breakage: str) -> tuple[str, ...]:
 
 INNER_BOUND_S = 150  # the search, then shrinking
 
-GREEDY_FINDING = "that are not its uninterrupted greedy run"
+GREEDY_FINDING = breaks.GREEDY_FINDING
+ONCE = "first-keep-resume-repeats-a-token-once"  # a failure that does not recur: a test of its own, below
+# The steps each break's shortest history must contain.
+STEPS = {"abort-spares-frozen": ("pause_keep", "pause_abort"), "abort-requests-ignored-while-paused": ("abort_requests",),
+         "second-keep-cycle-repeats-a-token": ("pause_keep", "resume"), ONCE: ("pause_keep",)}
 # (break, text the failure must contain, steps its shortest history must contain)
-CASES = [
-    ("abort-spares-frozen", "the model allows aborted", ("pause_keep", "pause_abort")),
-    ("abort-requests-ignored-while-paused", "after /abort_requests", ("abort_requests",)),
-    ("second-keep-cycle-repeats-a-token", GREEDY_FINDING, ("pause_keep", "resume")),
-]
+CASES = [(c.breakage, c.message, STEPS[c.breakage]) for c in breaks.cases("test_model_based_detection")
+         if c.breakage != ONCE]
 
 
 def row_observed(run) -> str:
@@ -80,8 +81,8 @@ def test_the_model_based_test_catches_a_break_only_a_sequence_exposes_and_prints
 @pytest.mark.timeout(INNER_BOUND_S + 60)
 def test_a_history_that_fails_once_and_passes_when_run_again_still_fails_the_row_and_names_its_steps(
         server_target, tmp_path, record_property):
-    breakage = "first-keep-resume-repeats-a-token-once"
-    run = check_break(server_target, breakage, MODEL_BASED, GREEDY_FINDING, tmp_path, record_property, *search(breakage),
+    breakage = ONCE
+    run = check_break(server_target, breakage, MODEL_BASED, breaks.BY_NAME[ONCE].caught_by[0].message, tmp_path, record_property, *search(breakage),
                       bound=INNER_BOUND_S)
     n, history = shortest_history(run)
     observed = row_observed(run)

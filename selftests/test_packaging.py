@@ -7,9 +7,12 @@ import shutil
 import subprocess
 import sys
 import time
+import zipfile
 
 import pytest
 
+from vllm_rl_conformance.selftests import breaks
+from vllm_rl_conformance.selftests.gloo_breaks import BREAK_ENV
 from vllm_rl_conformance.selftests.inner import COPY_IGNORED, ROOT, run_suite
 
 pytestmark = [pytest.mark.selftest, pytest.mark.timeout(900)]
@@ -44,7 +47,7 @@ def attach_venv(tmp_path_factory):
          ROOT / "requirements-lock.txt"])
     cost = f"wheel {wheel.name} ({wheel.stat().st_size / 1024:.0f} KiB); fresh venv + install " \
            f"{time.monotonic() - t0:.0f} s, {size_mb(venv):.0f} MB"
-    yield python, cost
+    yield python, cost, wheel
     shutil.rmtree(base, ignore_errors=True)
 
 
@@ -67,8 +70,24 @@ def test_building_the_wheel_in_a_checkout_leaves_pytest_working_in_that_checkout
         f"{done.stdout[-1500:]}\n{done.stderr[-1500:]}")
 
 
+def test_the_wheel_ships_no_self_test_and_no_break_of_the_self_tests(attach_venv, record_property):
+    """The breaks the self-tests apply (selftests/breaks.py) stay out of the installed suite: no
+    self-test module, no plugin of theirs, and no product module that names a break of the
+    server plugin or the variable that switches one on."""
+    _, _, wheel = attach_venv
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        sources = {n: z.read(n).decode(errors="replace") for n in names if n.endswith((".py", ".txt", ".json"))}
+    plugin_breaks = [b.name for b in breaks.BREAKS if b.where == breaks.PLUGIN] + [BREAK_ENV]
+    shipped = [n for n in names if "/selftests/" in n or "selftest-plugin" in n or "gloo_breaks" in n]
+    naming = sorted({f"{n}: {word}" for n, text in sources.items() for word in plugin_breaks if word in text})
+    record_property("observed", f"{wheel.name}: {len(names)} files; self-test files {shipped or 'none'}; "
+                                f"files naming a plugin break: {naming or 'none'}")
+    assert not shipped and not naming, f"the wheel ships self-test breaks: {shipped} {naming}"
+
+
 def test_the_attach_install_has_no_vllm_torch_or_ray(attach_venv, record_property):
-    python, cost = attach_venv
+    python, cost, _ = attach_venv
     found = run([python, "-c", "import importlib.util as u; "
                                "print([m for m in ('vllm', 'torch', 'ray') if u.find_spec(m)])"]).stdout.strip()
     record_property("observed", f"{cost}; of vllm, torch, ray installed: {found}")
@@ -76,7 +95,7 @@ def test_the_attach_install_has_no_vllm_torch_or_ray(attach_venv, record_propert
 
 
 def test_installed_the_plugin_stays_out_of_a_run_that_does_not_ask_for_it(attach_venv, tmp_path, record_property):
-    python, _ = attach_venv
+    python, _, _ = attach_venv
     (tmp_path / "test_unrelated.py").write_text("def test_unrelated():\n    assert True\n")
     done = run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_unrelated.py"], cwd=tmp_path)
     record_property("observed", done.stdout.strip().splitlines()[-1])
@@ -86,7 +105,7 @@ def test_installed_the_plugin_stays_out_of_a_run_that_does_not_ask_for_it(attach
 
 
 def test_installed_pyargs_runs_p0_in_attach_mode(attach_venv, server_target, model, tmp_path, record_property):
-    python, cost = attach_venv
+    python, cost, _ = attach_venv
     workdir = tmp_path / "elsewhere"  # no checkout anywhere near
     workdir.mkdir()
     inner = run_suite(server_target.url, model, ["vllm_rl_conformance.conformance"], tmp_path / "reports", "--pyargs",

@@ -5,13 +5,13 @@ surface's failure; every surface of the cycle ends with a result."""
 
 import pytest
 
-from vllm_rl_conformance.fixtures.checks.cycles import Surfaces, only
+from vllm_rl_conformance.fixtures.checks.cycles import Members, only
 
 pytestmark = pytest.mark.selftest
 
 
 def test_a_surface_whose_check_fails_drops_out_and_the_others_are_still_judged():
-    rows = Surfaces(["completions", "chat", "generate"])
+    rows = Members(["completions", "chat", "generate"])
 
     def check(surface):
         assert surface != "chat", "chat streams lose finish_reason 'abort'"
@@ -27,7 +27,7 @@ def test_a_surface_whose_check_fails_drops_out_and_the_others_are_still_judged()
 
 
 def test_a_shared_step_that_fails_fails_every_surface_still_in_the_cycle():
-    rows = Surfaces(["completions", "chat", "generate"])
+    rows = Members(["completions", "chat", "generate"])
     rows.judged("generate", "judged before the step")
 
     def pause():
@@ -42,7 +42,7 @@ def test_a_shared_step_that_fails_fails_every_surface_still_in_the_cycle():
 
 
 def test_a_timeout_of_the_test_ends_the_whole_cycle():
-    rows = Surfaces(["completions", "chat"])
+    rows = Members(["completions", "chat"])
 
     def timed_out(_surface):
         pytest.fail("Timeout >300.0s", pytrace=False)
@@ -52,10 +52,10 @@ def test_a_timeout_of_the_test_ends_the_whole_cycle():
 
 
 def test_a_surface_the_cycle_never_judged_fails_naming_it_and_one_surface_reads_as_its_result():
-    rows = Surfaces(["completions", "chat"])
+    rows = Members(["completions", "chat"])
     rows.judged("completions", "ok")
     with pytest.raises(AssertionError, match="without judging chat"):
         rows.results()["chat"].result()
-    single = Surfaces([None])
+    single = Members([None])
     single.judged(None, "observed")
     assert only(single.results()) == "observed"

@@ -12,78 +12,30 @@ may leave the real server paused; the autouse fixture _resumed_around_each_test
 import pytest
 
 from vllm_rl_conformance.fixtures.driver import model_builder
-from vllm_rl_conformance.fixtures.results import rows
 from vllm_rl_conformance.fixtures.driver.client import prompt_longer_than_a_cache_block
 from vllm_rl_conformance.fixtures.driver.control import ControlPlane
 from vllm_rl_conformance.fixtures.driver.server import Server
 from vllm_rl_conformance.fixtures.tier2.weight_swap import WARM_ANSWER_TOKENS, check_swap_recomputes_a_warm_prefix
+from vllm_rl_conformance.selftests import breaks
 from vllm_rl_conformance.selftests.broken_server import ProxyThread
 from vllm_rl_conformance.selftests.inner import assert_no_false_failure, check_break, run_suite
 
 # The outer run measures the server once; each inner run gets those rates (--vllm-rates).
 pytestmark = [pytest.mark.selftest, pytest.mark.usefixtures("rates")]
 
-STATE = rows.test_id("state.idempotent")
-INVALID = rows.test_id("state.invalid-mode")
-ABORT = rows.test_id("lifecycle.abort", "completions")
-KEEP = rows.test_id("lifecycle.keep", "completions")
-WAIT = rows.test_id("lifecycle.wait", "completions")
-CLEAR = rows.test_id("cache.clear-on-abort")
-RESUME = rows.test_id("lifecycle.resume-effective", "completions")
-RESUME_RACE = rows.test_id("regression.resume-race")
-PAUSE_RACE = rows.test_id("regression.pause-race", "keep-keep")
-ABORT_IDS = rows.test_id("regression.abort-requests-ids", "completions")
-ABORT_PLAIN = rows.test_id("regression.abort-non-streaming", "completions")
-LATENCY = rows.test_id("regression.keep-latency")
-WEIGHT_CALLS = rows.test_id("regression.weight-calls")
-GROUP_ABORT = rows.test_id("groups.abort-streamed")
-GROUP_KEEP = rows.test_id("groups.keep")
-CONTINUITY = rows.test_id("lifecycle.keep-continuity", "clear_cache-false-completions")
-SPANS = rows.test_id("weights.version-spans", "generate")
-
-# (break, the conformance test that must catch it, text its failure message must contain)
-CASES = [
-    ("abort-acts-like-keep", ABORT, "expected finish_reason 'abort'"),
-    ("abort-acts-like-keep", ABORT_PLAIN, "the non-streaming client was left waiting"),
-    ("abort-reported-as-stop", ABORT, "expected finish_reason 'abort'"),
-    ("keep-acts-like-abort", KEEP, "ended while paused with keep"),
-    ("keep-acts-like-wait", KEEP, "keep must freeze a running request, not wait for it"),
-    ("keep-acts-like-wait", GROUP_KEEP, "keep must freeze a running request, not wait for it"),
-    ("keep-is-a-no-op", KEEP, "observed 'ran while paused'"),
-    ("wait-acts-like-abort", WAIT, "expected it finished normally"),
-    ("resume-does-nothing", STATE, "is_paused is true after resume"),
-    ("is-paused-lies", STATE, "is_paused is false after pause"),
-    ("invalid-mode-accepted", INVALID, "answered 200; expected"),
-    ("clear-cache-ignored", CLEAR, "clear_cache=true"),
-    ("wait-does-not-drain", WAIT, "expected it finished normally"),
-    ("requests-run-while-paused", RESUME, "observed 'ran while paused'"),
-    ("duplicate-resume-hangs", RESUME_RACE, "POST /resume got no answer within"),
-    ("second-pause-hangs", PAUSE_RACE, "POST /pause got no answer within"),
-    ("abort-requests-ignores-ids", ABORT_IDS, "NOT named in /abort_requests was aborted"),
-    ("pause-is-slow", LATENCY, "pause(keep) exceeded"),
-    ("weight-update-out-of-order-accepted", WEIGHT_CALLS, "a call out of order was accepted"),
-    ("chat-abort-unmarked", ABORT.replace("[completions]", "[chat]"), "expected finish_reason 'abort'"),
-    ("group-sample-not-aborted", GROUP_ABORT, "expected finish_reason 'abort'"),
-    ("spans-collapsed", SPANS, "weight_versions"),
-    ("resumed-logprobs-altered", CONTINUITY, "differs from the reference run: logprob at index"),
-    ("resumed-logprob-shifted", CONTINUITY, "differs from the reference run: logprob at index"),
-    ("resumed-token-flipped", CONTINUITY, "not a near-tie"),
-]
+CASES = breaks.cases(breaks.SHARPNESS)  # (break, the test that must catch it, text its failure must contain)
+ABORT, ABORT_PLAIN, CONTINUITY = breaks.ABORT, breaks.ABORT_PLAIN, breaks.CONTINUITY
 
 
-def case_id(breakage, target, _message):
-    return breakage + {ABORT_PLAIN: "-non-streaming", GROUP_KEEP: "-non-streamed-group"}.get(target, "")
-
-
-@pytest.mark.parametrize("breakage, target, message", CASES, ids=[case_id(*c) for c in CASES])
-def test_a_server_with_one_broken_row_fails_the_test_that_pins_it(
-        server_target, model, breakage, target, message, tmp_path, record_property):
-    check_break(server_target, breakage, target, message, tmp_path, record_property)
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_a_server_with_one_broken_row_fails_the_test_that_pins_it(server_target, model, case, tmp_path,
+                                                                  record_property):
+    check_break(server_target, case.breakage, case.test, case.message, tmp_path, record_property)
 
 
 @pytest.mark.timeout(300)  # every targeted test once, the latency cycles included
 def test_the_unbroken_proxy_passes_every_targeted_test(server_target, model, tmp_path, record_property):
-    targets = sorted({c[1] for c in CASES})
+    targets = sorted({c.test for c in CASES})
     with ProxyThread(server_target.url, "none") as proxy:
         run = run_suite(proxy.url, model, targets, tmp_path, bound=240, rates=server_target.rates)
     record_property("observed", f"exit {run.code} after {run.seconds:.1f} s")

@@ -5,7 +5,7 @@ say so. The transparent proxy passes the same test."""
 
 import pytest
 
-from vllm_rl_conformance.fixtures.results import rows
+from vllm_rl_conformance.selftests import breaks
 from vllm_rl_conformance.selftests.inner import check_break
 
 # The outer run measures the server once; each inner run gets those rates (--vllm-rates).
@@ -16,11 +16,11 @@ pytestmark = [
     pytest.mark.layout("parallel"),
 ]
 
-EVERY_FRONT_END = rows.test_id("layouts.every-front-end", "keep")
+CASES = breaks.cases("test_sharpness_api_servers")
 
 
-@pytest.mark.parametrize("breakage, message", [("front-end-misses-pause", "a front-end did not see the pause"), ("none", None)],
-                         ids=["front-end-misses-pause", "unbroken-proxy"])
+@pytest.mark.parametrize("breakage, message", [(c.breakage, c.message) for c in CASES] + [("none", None)],
+                         ids=[c.id for c in CASES] + ["unbroken-proxy"])
 def test_the_every_front_end_check_fails_only_against_a_server_with_a_front_end_that_misses_the_pause(
         server_target, model, breakage, message, tmp_path, record_property):
-    check_break(server_target, breakage, EVERY_FRONT_END, message, tmp_path, record_property)
+    check_break(server_target, breakage, breaks.EVERY_FRONT_END, message, tmp_path, record_property)

@@ -5,7 +5,7 @@ The transparent proxy passes the same test."""
 
 import pytest
 
-from vllm_rl_conformance.fixtures.results import rows
+from vllm_rl_conformance.selftests import breaks
 from vllm_rl_conformance.selftests.inner import check_break
 
 # The outer run measures the server once; each inner run gets those rates (--vllm-rates).
@@ -16,12 +16,11 @@ pytestmark = [
     pytest.mark.layout("parallel"),
 ]
 
-DRAIN = rows.test_id("regression.dp-drain")
+CASES = breaks.cases("test_sharpness_dp")
 
 
-@pytest.mark.parametrize("breakage, message",
-                         [("late-request-blocks-drain", "POST /pause got no answer"), ("none", None)],
-                         ids=["late-request-blocks-drain", "unbroken-proxy"])
+@pytest.mark.parametrize("breakage, message", [(c.breakage, c.message) for c in CASES] + [("none", None)],
+                         ids=[c.id for c in CASES] + ["unbroken-proxy"])
 def test_the_dp_drain_regression_fails_only_against_a_server_with_the_drain_bug(
         server_target, model, breakage, message, tmp_path, record_property):
-    check_break(server_target, breakage, DRAIN, message, tmp_path, record_property)
+    check_break(server_target, breakage, breaks.DRAIN, message, tmp_path, record_property)

@@ -4,6 +4,7 @@ changes nothing must make tier 2 fail with a per-request mismatch report."""
 
 import pytest
 
+from vllm_rl_conformance.fixtures.checks.continuity import Rule
 from vllm_rl_conformance.fixtures.tier2.swap_verdicts import SwapRecord, Verdict, classify, compare, pass_rate, report
 from vllm_rl_conformance.fixtures.tier2.weight_swap import NOOP, assert_every_post_swap_token_matches
 
@@ -42,13 +43,23 @@ def test_compare_skips_requests_that_finished_before_the_swap_and_the_report_nam
     assert "p          paused   swap at token    2" in text and "first mismatch at token 3 (got [4], fresh V2 [9])" in text
 
 
-def test_a_swap_that_changes_nothing_fails_tier2_with_a_per_request_mismatch_report(cpu_swap_runs, record_property):
+def test_the_runs_continuity_rule_reaches_the_tier2_verdicts_and_their_report():
+    """--vllm-bit-exact (and --vllm-logprob-tolerance: the continuity_rule fixture) judge tier 2's
+    verdicts as they judge the lifecycle rows, and the report names the rule."""
+    verdicts = compare([record("p", 2, [1, 2, 3, 4])], {"p": [3, 4]}, Rule(bit_exact=True))
+    assert verdicts[0].matches
+    assert "[rule: bit-exact (token ids and logprobs identical)]" in report(verdicts, "run")
+    assert "[rule: token ids equal up to a near-tie" in report(compare([record("p", 2, [1, 2, 3])], {"p": [3]}), "run")
+
+
+def test_a_swap_that_changes_nothing_fails_tier2_with_a_per_request_mismatch_report(cpu_swap_runs, continuity_rule,
+                                                                                    record_property):
     """The tier-2 experiment's NOOP run: its trainer holds V1, the engine's own weights; the
     swap reloads and answers 200 but no weight changes. The tier-2 check must fail and say,
     per request, where it diverged."""
     run = cpu_swap_runs[NOOP]
     with pytest.raises(AssertionError) as caught:
-        assert_every_post_swap_token_matches(run)
+        assert_every_post_swap_token_matches(run, continuity_rule)
     message = str(caught.value)
     record_property("observed", message.replace("\n", " | ")[:600])
     assert "post-swap tokens differ from a fresh V2 engine" in message and "pass rate 0%" in message, message
