@@ -208,7 +208,7 @@ def table() -> str:
 
 
 def documented(text: str) -> str:
-    return text.split(BEGIN, 1)[1].split(END, 1)[0].strip()
+    return rows.generated_table(text, BEGIN, END)
 
 
 def main(argv: list[str] | None = None) -> int:
