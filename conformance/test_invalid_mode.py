@@ -6,26 +6,12 @@ framework wording is never matched.
 """
 
 import pytest
-from vllm_rl_conformance.fixtures.driver.control import answered_200
+from vllm_rl_conformance.fixtures.driver.control import answered_200, error_locates_param
 
 INVALID_MODE = "not-a-mode"
 
 
 pytestmark = [pytest.mark.conformance, pytest.mark.area("P0 invalid mode preserves state")]
-
-
-def error_locates_param(body, name: str) -> bool:
-    """True if the error body names the parameter: vLLM's {"error": {"param": "query.mode"}}
-    or FastAPI's {"detail": [{"loc": ["query", "mode"]}]}."""
-    if not isinstance(body, dict):
-        return False
-    err = body.get("error")
-    if isinstance(err, dict) and name in str(err.get("param") or "").replace("/", ".").split("."):
-        return True
-    detail = body.get("detail")
-    if isinstance(detail, list):
-        return any(isinstance(d, dict) and name in [str(x) for x in d.get("loc", [])] for d in detail)
-    return False
 
 
 @pytest.mark.row("state.invalid-mode",

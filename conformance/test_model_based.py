@@ -49,7 +49,7 @@ def test_generated_histories_of_control_calls_and_requests_agree_with_the_refere
         offered = [s for s in offered if s in settings.surfaces] or offered[:1]
     mbt = settings.mbt
     run = histories.HistoryRun(control, streams, budget, expected, offered, vllm_server, continuity_rule,
-                               mbt.shrink_seconds)
+                               mbt.shrink_seconds, mbt.tokens)
     run.references_first()
     if mbt.replay:
         try:

@@ -49,6 +49,9 @@ WEIGHT_SYNC = "conformance/test_weight_sync.py::"
 IN_ORDER = WEIGHT_SYNC + "test_the_protocol_in_order_while_paused_answers_200_at_every_phase_and_commits_the_version"
 RESUME_DURING_UPDATE = WEIGHT_SYNC + "test_a_resume_sent_while_an_update_is_in_flight_answers_only_after_the_update"
 GREEDY_FINDING = "that are not its uninterrupted greedy run"
+SLEEP_LEVELS = rows.test_id("sleep.levels", "level-1")
+SLEEP_TAGS = rows.test_id("sleep.wake-by-tags", "weights-then-kv_cache")
+SLEEP_FROZEN = rows.test_id("sleep.frozen-request", "keep")
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,14 @@ BREAKS = [
     _b("front-end-misses-pause", "every second GET /is_paused answers false, as from a front-end that missed the "
        "pause (2 API servers)",
        Catch(EVERY_FRONT_END, "a front-end did not see the pause", selftest="test_sharpness_api_servers")),
+    _b("partial-wake-wakes-fully", "/wake_up with tags (tags=weights) is forwarded without them: a full wake",
+       Catch(SLEEP_TAGS, "a partial wake_up(tags=weights) left the engine awake")),
+    _b("sleep-keep-aborts-frozen", "/sleep?mode=keep is forwarded as mode=abort: the frozen requests are aborted",
+       Catch(SLEEP_FROZEN, "observed 'aborted'; expected 'kept'")),
+    _b("wake-up-leaves-paused", "/wake_up is forwarded, then the proxy pauses the engine (pause(mode=keep)) "
+       "before it answers: the scheduler stays paused", Catch(SLEEP_LEVELS, "and a full wake_up the engine is")),
+    _b("is-sleeping-false-while-asleep", "GET /is_sleeping always answers false",
+       Catch(SLEEP_LEVELS, "/is_sleeping is false after sleep(level=1)")),
     _b("abort-spares-frozen", "pause(mode=abort) on a server already paused with keep answers 200 without reaching "
        "it: the frozen requests stay frozen and complete after resume",
        Catch(MODEL_BASED, "the model allows aborted", selftest="test_model_based_detection")),

@@ -119,6 +119,19 @@ class BrokenProxy:
         if path == "/resume" and "first-keep-resume-repeats-a-token-once" in b and kept and not self.repeated_once:
             for stream in self.open_streams:
                 stream["repeat_next"] = True
+        if path == "/wake_up" and "partial-wake-wakes-fully" in b:
+            return await self._forward(request, path, {})
+        if path == "/sleep" and "sleep-keep-aborts-frozen" in b and query.get("mode") == "keep":
+            query["mode"] = "abort"
+        if path == "/is_sleeping" and "is-sleeping-false-while-asleep" in b:
+            return web.json_response({"is_sleeping": False})
+        if path == "/wake_up" and "wake-up-leaves-paused" in b:
+            async with self.session.post(self.upstream + path, params=[("tags", t) for t in request.query.getall(
+                    "tags", [])]) as up:
+                body, status = await up.read(), up.status
+            async with self.session.post(self.upstream + "/pause", params={"mode": "keep"}) as up:
+                await up.read()
+            return web.Response(body=body, status=status, content_type="application/json")
         if path in WEIGHT_PATHS and "weight-update-out-of-order-accepted" in b:
             return web.json_response({"message": "ok"})
         if path == "/abort_requests" and "abort-requests-ignores-ids" in b:

@@ -17,10 +17,13 @@ pytestmark = [pytest.mark.selftest, pytest.mark.model_based, pytest.mark.usefixt
 MODEL_BASED = breaks.MODEL_BASED
 # Each break is searched with a seed whose first histories make its sequence (measured on 0.32: the
 # history the break is found in, of HISTORIES, below): any seed finds it given enough histories,
-# these within a few. Hypothesis draws the same histories for the same seed and settings; a change
-# to the state machine (fixtures/checks/history_machine.py) or to Hypothesis draws others, and the
-# seeds are picked again (docs/selftests.md says how).
-HISTORIES, STEPS = 6, 12
+# these within a few. Hypothesis draws the same histories for the same seed and settings
+# (max_examples included: it sizes the early histories); a change to the state machine
+# (fixtures/checks/history_machine.py) or to Hypothesis draws others, and the seeds are picked
+# again (docs/selftests.md says how). A history exposes its break only if its requests are still
+# running when the steps that expose it come: TOKENS, about 8 s of decoding here, outlasts the
+# steps of a history on a slow or busy machine (the default, about 2 s, did not on a CI machine).
+HISTORIES, STEPS, TOKENS = 6, 12, 600
 SEEDS = {
     "abort-spares-frozen": 5,  # history 4
     "abort-requests-ignored-while-paused": 2,  # history 6
@@ -34,7 +37,7 @@ SHRINK = "--vllm-mbt-shrink-seconds=10"
 
 def search(breakage: str) -> tuple[str, ...]:
     return (f"--vllm-mbt-examples={HISTORIES}", f"--vllm-mbt-steps={STEPS}", f"--vllm-mbt-seed={SEEDS[breakage]}",
-            SHRINK)
+            f"--vllm-mbt-tokens={TOKENS}", SHRINK)
 
 
 INNER_BOUND_S = 150  # the search, then shrinking

@@ -1,0 +1,290 @@
+"""P1 sleep and wake, the colocated loop (docs/contract.md): /sleep?level=0|1|2&mode=..., /wake_up
+with and without tags, /is_sleeping and /release_kv_cache_memory, judged like pause: what each
+call answers, the state it leaves (/is_sleeping, /is_paused), and what becomes of the requests
+it catches. The design values are vLLM's own route tests'; what a release does where it
+differs is a version-keyed expectation (golden/expectations.json).
+
+These rows judge state and requests, not memory: on a CPU build sleep releases nothing (the
+worker logs "sleep mode is not supported on CPU, ignore it"), so the report says so once.
+"""
+
+import pytest
+
+from vllm_rl_conformance.fixtures.checks import lifecycle as lc
+from vllm_rl_conformance.fixtures.checks import steps
+from vllm_rl_conformance.fixtures.driver.control import answered_200, error_locates_param
+from vllm_rl_conformance.fixtures.driver.client import SHORT_PROMPT
+from vllm_rl_conformance.fixtures.driver.metrics import SLEEP_GAUGE, sleep_gauge
+
+pytestmark = [pytest.mark.conformance, pytest.mark.p1, pytest.mark.requires("sleep_routes"),
+              pytest.mark.area("P1 sleep and wake")]
+
+LEVELS = [0, 1, 2]
+SLEEP_MODES = ["abort", "wait", "keep"]
+AWAKE = {"is_sleeping": False, "is_paused": False}
+# vllm:engine_sleep_state as its help text defines it: awake 0 while asleep, weights_offloaded 1 at
+# level 1, discard_all 1 at level 2 (level 0 only pauses the scheduler).
+GAUGE = {"awake": {"awake": 1, "weights_offloaded": 0, "discard_all": 0},
+         0: {"awake": 0, "weights_offloaded": 0, "discard_all": 0},
+         1: {"awake": 0, "weights_offloaded": 1, "discard_all": 0},
+         2: {"awake": 0, "weights_offloaded": 0, "discard_all": 1}}
+CPU_NOTE = ("sleep and wake on a CPU build: state and requests only; the CPU worker releases no memory on sleep "
+            "(vLLM logs 'sleep mode is not supported on CPU, ignore it')")
+
+
+@pytest.fixture(autouse=True)
+def _awake_around(control, capabilities, note):
+    """Each row starts and ends awake (a failed row must not leave the next one asleep)."""
+    if capabilities.device == "cpu":
+        note(CPU_NOTE)
+    yield
+    if control.usable() and control.is_sleeping():
+        control.wake_up_ok()
+
+
+def state(control) -> dict:
+    return {"is_sleeping": control.is_sleeping(), "is_paused": control.is_paused()}
+
+
+def expect(expected, key, observed, what, mode=None):
+    check = expected.check(key, observed, mode=mode)
+    assert check.matches, f"{what}: observed {observed!r}; expected {check.expected!r} ({expected.source(key, mode)})"
+    return observed
+
+
+def assert_gauge(control, when, what: str) -> str:
+    """The engine's sleep gauge, where it has one, says what `when` (a level, or "awake") means."""
+    got = sleep_gauge(control)
+    if got is None:
+        return f"no {SLEEP_GAUGE}"
+    want = {k: {float(v)} for k, v in GAUGE[when].items()}
+    assert got == want, f"{SLEEP_GAUGE} {what}: {got}; expected {want}"
+    return f"{SLEEP_GAUGE} as expected"
+
+
+def wake_and_resume(control) -> str:
+    """The end of the colocated loop: wake_up, then resume if the engine is still paused."""
+    body = control.wake_up_ok()
+    still = control.is_paused()
+    if still:
+        control.resume_ok()
+    return f"wake_up -> {body.get('status')!r}" + (", still paused: resume" if still else "")
+
+
+@pytest.mark.row("sleep.levels",
+                 "sleep at level 0, 1 and 2 MUST answer 200 {status: sleeping, level}, leave /is_sleeping true; "
+                 "wake_up MUST answer {status: awake} and leave the engine awake and unpaused.")
+@pytest.mark.parametrize("level", LEVELS, ids=[f"level-{n}" for n in LEVELS])
+def test_sleep_at_each_level_reports_sleeping_and_wake_up_leaves_the_engine_awake_and_unpaused(
+        control, expected, level, record_property):
+    assert state(control) == AWAKE, f"set-up: the engine is not awake and unpaused: {state(control)}"
+    body = answered_200(control.sleep(level), f"sleep(level={level})").json()
+    assert body.get("status") == "sleeping" and body.get("level") == level, (
+        f"sleep(level={level}) answered {body}; expected {{'status': 'sleeping', 'level': {level}}}")
+    asleep = state(control)
+    assert asleep["is_sleeping"] is True, f"/is_sleeping is false after sleep(level={level}) answered 200: {asleep}"
+    expect(expected, "paused_while_asleep", asleep["is_paused"], f"/is_paused after sleep(level={level})")
+    gauge = assert_gauge(control, level, f"after sleep(level={level})")
+    woke = control.wake_up_ok()
+    after = state(control)
+    assert woke.get("status") == "awake", f"wake_up (no tags) after sleep(level={level}) answered {woke}"
+    assert after == AWAKE, f"after sleep(level={level}) and a full wake_up the engine is {after}; expected {AWAKE}"
+    assert_gauge(control, "awake", f"after sleep(level={level}) and a full wake_up")
+    record_property("observed", f"sleep -> {body}, then {asleep}; wake_up -> {woke}, then {after}; {gauge}")
+
+
+INVALID_SLEEPS = {"level-3": ({"level": "3"}, "level"), "level-minus-1": ({"level": "-1"}, "level"),
+                  "level-not-a-number": ({"level": "deep"}, "level"), "mode-unknown": ({"mode": "not-a-mode"}, "mode")}
+
+
+@pytest.mark.row("sleep.invalid",
+                 "sleep with an invalid level or mode MUST be a client error naming the parameter, and MUST leave "
+                 "the engine awake and unpaused.")
+@pytest.mark.parametrize("query", list(INVALID_SLEEPS))
+def test_sleep_with_an_invalid_level_or_mode_is_a_client_error_and_leaves_the_engine_awake(
+        control, capabilities, expected, query, record_property):
+    params, name = INVALID_SLEEPS[query]
+    if name == "mode" and capabilities.missing("sleep_mode"):
+        pytest.skip(capabilities.missing("sleep_mode"))
+    r = control.call("POST", "/sleep", params=params)
+    after = state(control)
+    try:
+        body = r.json()
+    except ValueError:
+        body = r.text[:300]
+    record_property("observed", f"sleep {params} -> HTTP {r.status_code}, then {after}")
+    expect(expected, "invalid_sleep_status", r.status_code, f"sleep {params} answered (body {str(body)[:200]})")
+    assert after == AWAKE, f"sleep {params} answered {r.status_code} but left the engine {after}"
+    assert error_locates_param(body, name), (
+        f"the {r.status_code} body does not point at the query parameter {name!r}: {str(body)[:300]}")
+
+
+def fate_of_frozen(s, budget) -> str:
+    """What became of a request frozen by pause(keep) once a sleep reached it: 'aborted' (ended
+    with finish_reason abort and its partial tokens), 'finished' (ran to its end), 'kept' (still
+    open, no new token), or how else it ended (never accepted: see the row)."""
+    if not s.done.is_set():
+        return "kept"
+    if s.error is None and s.finish_reason == "abort":
+        return "aborted"
+    if s.error is None and s.finish_reason == "length":
+        return "finished"
+    return f"ended: {s.describe()}"
+
+
+@pytest.mark.row("sleep.frozen-request",
+                 "A request frozen by pause(keep) MUST never end without a finish_reason when the engine is put to "
+                 "sleep; sleep's mode decides whether it is aborted, finished or kept (a version expectation), "
+                 "and a kept one MUST complete after wake_up and resume.")
+@pytest.mark.parametrize("mode", SLEEP_MODES)
+def test_sleep_on_a_server_paused_with_keep_ends_or_keeps_the_frozen_request_as_its_mode_says(
+        control, capabilities, streams, budget, expected, mode, record_property):
+    if capabilities.missing("sleep_mode"):
+        pytest.skip(capabilities.missing("sleep_mode"))
+    s, at_pause, note = steps.keep_alone(control, streams, budget)
+    frozen_at = s.wait_quiet(budget.hold_s, budget.settle_s + budget.hold_s)
+    took = control.sleep_ok(1, mode, timeout=budget.settle_s)
+    s.wait_end(budget.hold_s, budget.settle_s)  # ended by the sleep, or still open once it went quiet
+    fate = fate_of_frozen(s, budget)
+    assert not fate.startswith("ended:"), (
+        f"the request frozen at token {frozen_at} ended without a finish_reason when sleep(level=1, mode={mode}) "
+        f"reached it: {fate}")
+    woke = wake_and_resume(control)
+    if fate == "kept":
+        lc.assert_completed(s, budget, s.max_tokens)
+    elif fate == "aborted":
+        assert 0 < s.n_tokens < s.max_tokens, f"the aborted request delivered {s.n_tokens} tokens: {s.describe()}"
+    record_property("observed", f"frozen at {frozen_at} tokens (pause(keep) returned at {at_pause}); "
+                                f"sleep(level=1, mode={mode}) answered after {took:.2f} s: the request {fate}; "
+                                f"{woke}; {s.n_tokens} tokens, {s.finish_reason}{note}")
+    expect(expected, "frozen_request_on_sleep", fate,
+           f"sleep(level=1, mode={mode}) on a request frozen by pause(keep) at token {frozen_at}", mode)
+
+
+@pytest.mark.row("sleep.keep-continuity",
+                 "A request put to sleep with mode keep MUST continue after wake_up with the tokens of the same "
+                 "request run uninterrupted, judged as fixtures/checks/continuity.py says.")
+def test_a_request_held_across_sleep_with_keep_and_wake_up_continues_its_uninterrupted_run(
+        control, capabilities, streams, budget, continuity_rule, record_property):
+    if capabilities.missing("sleep_mode"):
+        pytest.skip(capabilities.missing("sleep_mode"))
+    s, at_sleep, note = steps.keep_alone(control, streams, budget, name="kept-asleep", sleep_level=1, logprobs=True)
+    assert control.is_sleeping() is True, "/is_sleeping is false after sleep(level=1, mode=keep) answered 200"
+    woke = wake_and_resume(control)
+    lc.assert_completed(s, budget, s.max_tokens)
+    reference = streams(SHORT_PROMPT, s.max_tokens, name="uninterrupted", logprobs=True)
+    lc.assert_completed(reference, budget, s.max_tokens)
+    seen = lc.assert_same_rollout(s, reference, f"asleep (level 1, keep) at token {at_sleep}", continuity_rule)
+    record_property("observed", f"asleep at token {at_sleep}; {woke}; {s.n_tokens}/{reference.n_tokens} tokens; "
+                                f"{seen} [rule: {continuity_rule.describe()}]{note}")
+
+
+@pytest.mark.row("sleep.wake-on-paused",
+                 "wake_up on an engine that is paused but not asleep SHOULD leave the pause to whoever paused "
+                 "(a version expectation: vLLM resumes it).")
+def test_wake_up_on_a_paused_server_that_is_not_asleep_keeps_or_cancels_the_pause_as_the_version_says(
+        control, expected, record_property):
+    control.pause_ok("keep")
+    body = control.wake_up_ok()
+    after = state(control)
+    observed = "paused" if after["is_paused"] else "resumed"
+    record_property("observed", f"pause(keep), wake_up -> {body}, then {after}")
+    expect(expected, "wake_up_on_paused_server", observed, "wake_up on a server paused with keep, not asleep")
+
+
+@pytest.mark.row("sleep.resume-while-asleep",
+                 "resume on a sleeping engine SHOULD NOT schedule requests before wake_up (a version expectation); "
+                 "a request sent then MUST complete after wake_up.")
+def test_resume_on_a_sleeping_server_leaves_it_paused_or_schedules_as_the_version_says(
+        control, streams, budget, expected, record_property):
+    control.sleep_ok(1)
+    r = control.resume()
+    after = state(control)
+    observed = ("refused" if r.status_code != 200 else "paused" if after["is_paused"] else
+                "scheduling while asleep" if after["is_sleeping"] else "awake")
+    sent = streams(lc.PAUSED_PROMPT, budget.short_tokens, name="sent-after-resume-while-asleep")
+    ran = lc.observe_while_paused(sent, budget)
+    woke = wake_and_resume(control)
+    lc.assert_completed(sent, budget, budget.short_tokens)
+    record_property("observed", f"sleep(level=1), resume -> {r.status_code}, then {after}; a request sent then: "
+                                f"{ran}; {woke}; it completed")
+    expect(expected, "resume_while_asleep", observed, "resume on a server asleep at level 1")
+
+
+WAKES = {"weights-then-kv_cache": (1, ("weights",), ("kv_cache",)), "scheduling": (0, (), ("scheduling",))}
+
+
+@pytest.mark.row("sleep.wake-by-tags",
+                 "A partial wake_up (tags=weights) MUST answer {status: sleeping} and keep the engine asleep and "
+                 "paused, holding requests; the last tag MUST answer {status: awake}, and the held request MUST "
+                 "then complete.")
+@pytest.mark.parametrize("wake", list(WAKES))
+def test_wake_up_by_tags_keeps_the_engine_asleep_until_the_last_tag_and_requests_wait_for_it(
+        control, streams, budget, expected, wake, record_property):
+    level, partial, last = WAKES[wake]
+    control.sleep_ok(level)
+    log = [f"sleep(level={level})"]
+    held = None
+    for tag in partial:
+        body = control.wake_up_ok((tag,))
+        now = state(control)
+        log.append(f"wake_up(tags={tag}) -> {body.get('status')!r}, {now}")
+        assert body.get("status") == "sleeping" and now == {"is_sleeping": True, "is_paused": True}, (
+            f"after sleep(level={level}), a partial wake_up(tags={tag}) left the engine awake: answered {body}, "
+            f"then {now}; expected status 'sleeping', is_sleeping and is_paused true until the last tag")
+        held = streams(lc.PAUSED_PROMPT, budget.short_tokens, name=f"sent-after-wake-{tag}")
+        seen = lc.observe_while_paused(held, budget)
+        log.append(f"a request sent then: {seen}")
+        expect(expected, "request_while_asleep", seen, f"a request sent after wake_up(tags={tag})")
+    body = control.wake_up_ok(last)
+    now = state(control)
+    log.append(f"wake_up(tags={','.join(last)}) -> {body.get('status')!r}, {now}")
+    assert body.get("status") == "awake" and now == AWAKE, (
+        f"the last wake_up(tags={','.join(last)}) answered {body}, then {now}; expected status 'awake' and {AWAKE}. "
+        f"{'; '.join(log)}")
+    steps.complete_held_or_resent(streams, held, budget)
+    record_property("observed", "; ".join(log) + ("; the held request completed" if held is not None else ""))
+
+
+@pytest.mark.row("sleep.request-while-asleep",
+                 "A request sent while the engine is asleep MUST be held or refused (a version expectation), never "
+                 "answered silently, and MUST complete after wake_up (or, refused, succeed when sent again).")
+def test_a_request_sent_while_asleep_is_held_and_completes_after_wake_up(
+        control, streams, budget, expected, record_property):
+    control.sleep_ok(1)
+    sent = streams(lc.PAUSED_PROMPT, budget.short_tokens, name="sent-while-asleep")
+    seen = expect(expected, "request_while_asleep", lc.observe_while_paused(sent, budget),
+                  "a request sent while asleep (level 1)")
+    woke = wake_and_resume(control)
+    steps.complete_held_or_resent(streams, sent if seen == "queued" else None, budget)
+    record_property("observed", f"sent while asleep: {seen} for {budget.hold_s:.2f} s; {woke}; it completed")
+
+
+@pytest.mark.row("sleep.release-kv-cache",
+                 "release_kv_cache_memory without a completed pause MUST be refused and change nothing; after "
+                 "pause(abort) it MUST release the cache, and wake_up and resume MUST serve again.")
+@pytest.mark.parametrize("paused", [False, True], ids=["unpaused", "after-pause-abort"])
+def test_release_kv_cache_memory_needs_a_completed_pause_and_the_server_serves_again_after_it(
+        control, streams, budget, expected, paused, record_property):
+    if paused:
+        control.pause_ok("abort")
+    r = control.call("POST", "/release_kv_cache_memory", timeout=budget.settle_s)
+    after = state(control)
+    text = r.text[:200]
+    log = f"{'pause(abort), ' if paused else ''}release_kv_cache_memory -> {r.status_code} {text}, then {after}"
+    woke = wake_and_resume(control) if paused else ""
+    again = streams(SHORT_PROMPT, budget.short_tokens, name="after-release")
+    lc.assert_completed(again, budget, budget.short_tokens)
+    record_property("observed", f"{log}; {woke + '; ' if woke else ''}a request then completed")
+    if not paused:
+        observed = "200" if r.status_code == 200 else f"{r.status_code // 100}xx" if r.status_code < 500 else \
+            str(r.status_code)
+        expect(expected, "release_kv_cache_unpaused_status", observed,
+               f"release_kv_cache_memory on an unpaused server (body {text})")
+        assert after == AWAKE, f"a refused release_kv_cache_memory left the engine {after}"
+        return
+    if r.status_code == 500 and "not supported on CPU" in r.text:
+        pytest.skip(f"capability missing: selective KV cache discard (the CPU worker answers: {text}); the server "
+                    f"stayed up and served after wake_up and resume")
+    assert r.status_code == 200 and r.json().get("status") == "kv_cache_released", (
+        f"release_kv_cache_memory after a completed pause(abort) answered {r.status_code}: {text}")
