@@ -6,8 +6,9 @@ the server against the model after every step; fixtures/checks/histories.py runs
 
 A history mixes: pause in each mode with and without clear_cache, resume, an invalid pause,
 streaming requests on every surface the server offers, /abort_requests naming some of
-them, a committed weight version, and time passing. After every step the server must
-agree with the model: is_paused; every request's state (running requests advance, frozen and
+them, a committed weight version, time passing, and (where the server has the sleep routes
+with a mode) sleep at every level and mode and wake_up whole or by tag. After every step the
+server must agree with the model: is_paused, is_sleeping; every request's state (running requests advance, frozen and
 queued ones do not, ended ones ended as the model says: finish_reason, partial tokens,
 data: [DONE]); the token ids delivered so far are a prefix of the request's own
 uninterrupted greedy run (nothing lost, repeated or restarted); while paused the engine
@@ -49,7 +50,8 @@ def test_generated_histories_of_control_calls_and_requests_agree_with_the_refere
         offered = [s for s in offered if s in settings.surfaces] or offered[:1]
     mbt = settings.mbt
     run = histories.HistoryRun(control, streams, budget, expected, offered, vllm_server, continuity_rule,
-                               mbt.shrink_seconds, mbt.tokens)
+                               mbt.shrink_seconds, mbt.tokens,
+                               sleeps=not (capabilities.missing("sleep_routes") or capabilities.missing("sleep_mode")))
     run.references_first()
     if mbt.replay:
         try:

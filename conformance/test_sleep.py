@@ -12,6 +12,7 @@ import pytest
 
 from vllm_rl_conformance.fixtures.checks import lifecycle as lc
 from vllm_rl_conformance.fixtures.checks import steps
+from vllm_rl_conformance.fixtures.driver.capabilities import SLEEP_ON_CPU
 from vllm_rl_conformance.fixtures.driver.control import answered_200, error_locates_param
 from vllm_rl_conformance.fixtures.driver.client import SHORT_PROMPT
 from vllm_rl_conformance.fixtures.driver.metrics import SLEEP_GAUGE, sleep_gauge
@@ -28,15 +29,13 @@ GAUGE = {"awake": {"awake": 1, "weights_offloaded": 0, "discard_all": 0},
          0: {"awake": 0, "weights_offloaded": 0, "discard_all": 0},
          1: {"awake": 0, "weights_offloaded": 1, "discard_all": 0},
          2: {"awake": 0, "weights_offloaded": 0, "discard_all": 1}}
-CPU_NOTE = ("sleep and wake on a CPU build: state and requests only; the CPU worker releases no memory on sleep "
-            "(vLLM logs 'sleep mode is not supported on CPU, ignore it')")
 
 
 @pytest.fixture(autouse=True)
 def _awake_around(control, capabilities, note):
     """Each row starts and ends awake (a failed row must not leave the next one asleep)."""
     if capabilities.device == "cpu":
-        note(CPU_NOTE)
+        note(SLEEP_ON_CPU)
     yield
     if control.usable() and control.is_sleeping():
         control.wake_up_ok()
@@ -119,7 +118,7 @@ def test_sleep_with_an_invalid_level_or_mode_is_a_client_error_and_leaves_the_en
         f"the {r.status_code} body does not point at the query parameter {name!r}: {str(body)[:300]}")
 
 
-def fate_of_frozen(s, budget) -> str:
+def fate_of_frozen(s) -> str:
     """What became of a request frozen by pause(keep) once a sleep reached it: 'aborted' (ended
     with finish_reason abort and its partial tokens), 'finished' (ran to its end), 'kept' (still
     open, no new token), or how else it ended (never accepted: see the row)."""
@@ -145,7 +144,7 @@ def test_sleep_on_a_server_paused_with_keep_ends_or_keeps_the_frozen_request_as_
     frozen_at = s.wait_quiet(budget.hold_s, budget.settle_s + budget.hold_s)
     took = control.sleep_ok(1, mode, timeout=budget.settle_s)
     s.wait_end(budget.hold_s, budget.settle_s)  # ended by the sleep, or still open once it went quiet
-    fate = fate_of_frozen(s, budget)
+    fate = fate_of_frozen(s)
     assert not fate.startswith("ended:"), (
         f"the request frozen at token {frozen_at} ended without a finish_reason when sleep(level=1, mode={mode}) "
         f"reached it: {fate}")
@@ -180,15 +179,17 @@ def test_a_request_held_across_sleep_with_keep_and_wake_up_continues_its_uninter
 
 
 @pytest.mark.row("sleep.wake-on-paused",
-                 "wake_up on an engine that is paused but not asleep SHOULD leave the pause to whoever paused "
-                 "(a version expectation: vLLM resumes it).")
-def test_wake_up_on_a_paused_server_that_is_not_asleep_keeps_or_cancels_the_pause_as_the_version_says(
+                 "On an engine that is paused but not asleep, /is_sleeping SHOULD answer false and wake_up SHOULD "
+                 "leave the pause to whoever paused (version expectations: vLLM says asleep, and resumes it).")
+def test_a_paused_server_that_is_not_asleep_reports_sleeping_and_wake_up_keeps_or_cancels_its_pause_as_the_version_says(
         control, expected, record_property):
     control.pause_ok("keep")
+    paused = state(control)
     body = control.wake_up_ok()
     after = state(control)
     observed = "paused" if after["is_paused"] else "resumed"
-    record_property("observed", f"pause(keep), wake_up -> {body}, then {after}")
+    record_property("observed", f"pause(keep): {paused}; wake_up -> {body}, then {after}")
+    expect(expected, "is_sleeping_while_paused", paused["is_sleeping"], "/is_sleeping on a server paused with keep")
     expect(expected, "wake_up_on_paused_server", observed, "wake_up on a server paused with keep, not asleep")
 
 

@@ -18,6 +18,7 @@ import threading
 import pytest
 
 from vllm_rl_conformance.fixtures.driver import model_builder
+from vllm_rl_conformance.fixtures.driver.capabilities import SLEEP_ON_CPU
 from vllm_rl_conformance.fixtures.driver.client import complete, request_once
 from vllm_rl_conformance.fixtures.tier2 import CPU_BACKEND
 from vllm_rl_conformance.fixtures.tier2.cpu_swap import TRANSFER_TIMEOUT_S
@@ -209,6 +210,65 @@ def test_a_resume_sent_while_an_update_is_in_flight_answers_only_after_the_updat
         f"/resume answered 200 {update.answered - r.answered:.2f} s before /update_weights completed "
         f"(resume at {r.answered:.2f} s, update at {update.answered:.2f} s from the session's start): the engine "
         f"let generation resume while weights were still arriving. Calls: {'; '.join(sync.log)}")
+
+
+# How the colocated loop wakes the engine before the update: (tags of the partial wake first, tags of the last wake).
+COLOCATED = {"woken-for-weights": (("weights",), ("kv_cache",)), "fully-asleep": ((), ())}
+
+
+@pytest.mark.parametrize("wake", list(COLOCATED))
+def test_the_colocated_loop_sleep_update_wake_serves_the_sent_weights_and_an_update_while_asleep_is_as_the_version_says(
+        sync, control, weights, expected, capabilities, fresh_v2_tokens, note, wake, record_property):
+    """sleep(level=2) -> wake_up(tags=weights) -> start / update / finish -> wake_up(tags=kv_cache):
+    every call answers 200 and the engine then answers as a fresh engine on the sent weights.
+    Sent while fully asleep (no partial wake first), the update is accepted or refused as the
+    version's entry says (vllm#57853); accepted, its weights must then serve, refused, the old
+    ones. The engine is woken and V1 restored after either."""
+    if capabilities.missing("sleep_routes"):
+        pytest.skip(capabilities.missing("sleep_routes"))
+    if capabilities.device == "cpu":
+        note(SLEEP_ON_CPU)
+    first, last = COLOCATED[wake]
+    control.sleep_ok(2)
+    sync.log.append("sleep(level=2)")
+    try:
+        for tag in first:
+            body = control.wake_up_ok((tag,))
+            sync.log.append(f"wake_up(tags={tag}) -> {body.get('status')!r}")
+            assert body.get("status") == "sleeping", f"a partial wake_up(tags={tag}) answered {body}; calls: {sync.log}"
+        sync.actor("use", weights["v2"])
+        answers = [sync.post("start", "/start_weight_update")]
+        if answers[0].status == 200:
+            answers.append(sync.update_beside_broadcast("update"))
+            answers.append(sync.post("finish", "/finish_weight_update", json={"weight_version": "weight-sync-colocated"}))
+        refused = next((a for a in answers if a.status != 200), None)
+        observed = "accepted" if refused is None else status_class(refused.status) if refused.status else "no answer"
+        body = control.wake_up_ok(last)
+        sync.log.append(f"wake_up(tags={','.join(last) or 'none'}) -> {body.get('status')!r}")
+        assert body.get("status") == "awake" and control.is_paused() is False, (
+            f"the last wake_up answered {body}, is_paused {control.is_paused()}; calls: {'; '.join(sync.log)}")
+        sync.alive("the colocated loop")
+        after = sync.tokens()
+    finally:
+        if sync.server.usable():
+            control.wake_up_ok()
+            control.pause_ok("abort")
+            sync.send("weight-sync-v1", weights["v1"])
+            control.resume_ok()
+    want = fresh_v2_tokens() if observed == "accepted" else sync.v1_tokens
+    record_property("observed", f"{'; '.join(sync.log)}; the update: {observed}; then {after} "
+                                f"({'a fresh V2 engine' if observed == 'accepted' else 'V1'}: {want})")
+    if first:
+        assert observed == "accepted", (
+            f"an update sent after wake_up(tags=weights) was refused: {refused.text()} ({refused.body}); "
+            f"calls: {'; '.join(sync.log)}")
+    else:
+        check = expected.check("weight_update_while_asleep", observed)
+        assert check.matches, (f"an update sent while fully asleep (level 2): {observed}; expected {check.expected!r} "
+                               f"({expected.source(check.key)}); calls: {'; '.join(sync.log)}")
+    assert after == want, (
+        f"after the colocated loop the engine answers {after}; {'a fresh engine on the sent weights' if observed == 'accepted' else 'V1, the weights it had'} "
+        f"answers {want}: calls: {'; '.join(sync.log)}")
 
 
 def test_a_trainer_killed_mid_send_gets_an_error_in_bounded_time_and_resume_serves_one_weight_set(

@@ -183,14 +183,22 @@ class BrokenProxy:
         elif path in COMPLETION_PATHS and "refuse-while-paused-503" in b and self.paused:
             return web.json_response({"error": {"message": "the engine is paused; retry after resume",
                                                 "type": "EnginePausedError", "code": 503}}, status=503)
-        # The state flips before forwarding: never refuse a request sent after resume answered.
-        if path == "/pause" and query.get("mode", "abort") in VALID_MODES:
+        # The state flips before forwarding: never refuse a request sent after resume answered. Sleep
+        # pauses the scheduler in its mode; a wake_up with no tag resumes it (one with a tag may not:
+        # the upstream is asked once it answered).
+        if path in ("/pause", "/sleep") and query.get("mode", "abort") in VALID_MODES:
             self.paused, self.mode = True, query.get("mode", "abort")
-        elif path == "/resume":
+        elif path == "/resume" or (path == "/wake_up" and "tags" not in request.query):
             self.paused, self.mode = False, None
-        if path == "/resume":
+        if path in ("/resume", "/wake_up"):
             for stream in self.open_streams:
                 stream["resumed"] = True
+        if path == "/wake_up" and "tags" in request.query:
+            answer = await self._forward(request, path, query)
+            async with self.session.get(self.upstream + "/is_paused") as up:
+                if (await up.json()).get("is_paused") is False:
+                    self.paused, self.mode = False, None
+            return answer
         if path not in COMPLETION_PATHS:
             return await self._forward(request, path, query)
         stream = {"path": path, "resumed": False}
