@@ -22,7 +22,17 @@ from vllm_rl_conformance.selftests.inner import assert_no_false_failure, check_b
 # alone; how fast a pause answers): the conformance run judges them.
 ATTACH_SELECTION = "conformance"
 NO_REQUEST_TIMING = ["conformance/test_pause_state.py", "conformance/test_invalid_mode.py",
-                     "conformance/test_pause_latency.py"]
+                     "conformance/test_pause_latency.py",
+                     # the sleep rows but the two that put a running request to sleep or freeze it first
+                     *(f"conformance/test_sleep.py::{t}" for t in (
+                         "test_sleep_at_each_level_reports_sleeping_and_wake_up_leaves_the_engine_awake_and_unpaused",
+                         "test_sleep_with_an_invalid_level_or_mode_is_a_client_error_and_leaves_the_engine_awake",
+                         "test_a_paused_server_that_is_not_asleep_reports_sleeping_and_wake_up_keeps_or_cancels_its_"
+                         "pause_as_the_version_says",
+                         "test_resume_on_a_sleeping_server_leaves_it_paused_or_schedules_as_the_version_says",
+                         "test_wake_up_by_tags_keeps_the_engine_asleep_until_the_last_tag_and_requests_wait_for_it",
+                         "test_a_request_sent_while_asleep_is_held_and_completes_after_wake_up",
+                         "test_release_kv_cache_memory_needs_a_completed_pause_and_the_server_serves_again_after_it"))]
 ABORT, ABORT_IDS = breaks.ABORT, breaks.ABORT_IDS
 # The model-based row's histories here: one. This run checks that no verdict depends on a slow
 # engine or a slow path; searching for rare sequences is the conformance run's job (50 histories).
