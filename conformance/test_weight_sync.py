@@ -235,7 +235,8 @@ def test_the_colocated_loop_sleep_update_wake_serves_the_sent_weights_and_an_upd
         for tag in first:
             body = control.wake_up_ok((tag,))
             sync.log.append(f"wake_up(tags={tag}) -> {body.get('status')!r}")
-            assert body.get("status") == "sleeping", f"a partial wake_up(tags={tag}) answered {body}; calls: {sync.log}"
+            assert body.get("status", "sleeping") == "sleeping" and control.is_sleeping(), (
+                f"a partial wake_up(tags={tag}) answered {body}, is_sleeping {control.is_sleeping()}; calls: {sync.log}")
         sync.actor("use", weights["v2"])
         answers = [sync.post("start", "/start_weight_update")]
         if answers[0].status == 200:
@@ -245,7 +246,7 @@ def test_the_colocated_loop_sleep_update_wake_serves_the_sent_weights_and_an_upd
         observed = "accepted" if refused is None else status_class(refused.status) if refused.status else "no answer"
         body = control.wake_up_ok(last)
         sync.log.append(f"wake_up(tags={','.join(last) or 'none'}) -> {body.get('status')!r}")
-        assert body.get("status") == "awake" and control.is_paused() is False, (
+        assert body.get("status", "awake") == "awake" and control.is_paused() is False, (
             f"the last wake_up answered {body}, is_paused {control.is_paused()}; calls: {'; '.join(sync.log)}")
         sync.alive("the colocated loop")
         after = sync.tokens()
@@ -263,6 +264,9 @@ def test_the_colocated_loop_sleep_update_wake_serves_the_sent_weights_and_an_upd
             f"an update sent after wake_up(tags=weights) was refused: {refused.text()} ({refused.body}); "
             f"calls: {'; '.join(sync.log)}")
     else:
+        assert expected.stated("weight_update_while_asleep") is not None, (
+            f"an update sent while fully asleep (level 2): {observed}; {expected.label} states no value for "
+            f"weight_update_while_asleep: measure it (make matrix) and add it; calls: {'; '.join(sync.log)}")
         check = expected.check("weight_update_while_asleep", observed)
         assert check.matches, (f"an update sent while fully asleep (level 2): {observed}; expected {check.expected!r} "
                                f"({expected.source(check.key)}); calls: {'; '.join(sync.log)}")
