@@ -118,7 +118,8 @@ def test_sleep_with_an_invalid_level_or_mode_is_a_client_error_and_leaves_the_en
     except ValueError:
         body = r.text[:300]
     record_property("observed", f"sleep {params} -> HTTP {r.status_code}, then {after}")
-    expect(expected, "invalid_sleep_status", r.status_code, f"sleep {params} answered (body {str(body)[:200]})")
+    expect(expected, "invalid_sleep_status", r.status_code, f"sleep {params} answered (body {str(body)[:200]})",
+           mode=query)
     assert after == AWAKE, f"sleep {params} answered {r.status_code} but left the engine {after}"
     assert error_locates_param(body, name), (
         f"the {r.status_code} body does not point at the query parameter {name!r}: {str(body)[:300]}")
