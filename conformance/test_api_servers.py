@@ -25,15 +25,16 @@ pytestmark = [
     pytest.mark.timeout(300),
     pytest.mark.area("Several API servers"),
     pytest.mark.layout("parallel"),
+    pytest.mark.effects("pauses", "aborts"),
 ]
 
 
-def is_paused_on_fresh_connections(url: str) -> list[object]:
+def is_paused_on_fresh_connections(url: str, headers: dict) -> list[object]:
     """GET /is_paused over CONNECTIONS new connections (each may reach another front-end)."""
     seen = []
     for _ in range(CONNECTIONS):
         with requests.Session() as fresh:
-            r = fresh.get(url + "/is_paused", timeout=CONTROL_TIMEOUT, headers={"Connection": "close"})
+            r = fresh.get(url + "/is_paused", timeout=CONTROL_TIMEOUT, headers={**headers, "Connection": "close"})
             seen.append(r.json().get("is_paused") if r.status_code == 200 else f"HTTP {r.status_code}")
     return seen
 
@@ -45,9 +46,9 @@ def is_paused_on_fresh_connections(url: str) -> list[object]:
 def test_one_pause_is_seen_by_every_api_server_and_one_resume_releases_them_all(
         mode, control, vllm_server, record_property):
     control.pause_ok(mode)
-    paused = is_paused_on_fresh_connections(vllm_server.url)
+    paused = is_paused_on_fresh_connections(vllm_server.url, vllm_server.headers)
     control.resume_ok()
-    resumed = is_paused_on_fresh_connections(vllm_server.url)
+    resumed = is_paused_on_fresh_connections(vllm_server.url, vllm_server.headers)
     record_property("observed", f"is_paused over {CONNECTIONS} fresh connections: after pause({mode}) {paused}, "
                                 f"after resume {resumed}")
     assert paused == [True] * CONNECTIONS, (

@@ -15,6 +15,7 @@ pytestmark = [
     pytest.mark.conformance,
     pytest.mark.requires("prefix_caching", "prompt_tokens_details"),
     pytest.mark.area("P1 clear_cache golden and prefix cache"),
+    pytest.mark.effects("pauses", "aborts"),
 ]
 GOLDEN_TOKENS = 16
 

@@ -18,6 +18,7 @@ pytestmark = [
     pytest.mark.requires("data_parallel"),
     pytest.mark.area("P0 mode request lifecycle, data-parallel 2"),
     pytest.mark.layout("parallel"),
+    pytest.mark.effects("pauses", "aborts"),
 ]
 
 

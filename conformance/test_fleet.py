@@ -25,7 +25,10 @@ from vllm_rl_conformance.fixtures.driver.timing import wait_until
 
 MODES = ["abort", "wait", "keep"]
 
-pytestmark = [pytest.mark.conformance, pytest.mark.fleet, pytest.mark.area("Fleet: several servers at once"), pytest.mark.order(1)]
+pytestmark = [
+    pytest.mark.conformance, pytest.mark.fleet, pytest.mark.area("Fleet: several servers at once"), pytest.mark.order(1),
+    pytest.mark.effects("pauses", "aborts"),
+]
 
 
 @dataclass

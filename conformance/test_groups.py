@@ -23,7 +23,10 @@ from vllm_rl_conformance.fixtures.driver.metrics import engine_state
 from vllm_rl_conformance.fixtures.driver.surfaces import GROUP, GROUP_MEMBER, engine_request_id
 from vllm_rl_conformance.fixtures.driver.timing import wait_until
 
-pytestmark = [pytest.mark.conformance, pytest.mark.p0, pytest.mark.timeout(300), pytest.mark.area("P0 request lifecycle, groups (n > 1)")]
+pytestmark = [
+    pytest.mark.conformance, pytest.mark.p0, pytest.mark.timeout(300), pytest.mark.area("P0 request lifecycle, groups (n > 1)"),
+    pytest.mark.effects("pauses", "aborts"),
+]
 
 # -- streamed groups: the single requests' checks, in their shared cycles (test_request_lifecycle.py) --
 

@@ -26,6 +26,7 @@ pytestmark = [
     pytest.mark.parametrize("surface", ["asyncllm"]),
     pytest.mark.area("P0 mode request lifecycle, in-process AsyncLLM"),
     pytest.mark.order(3),
+    pytest.mark.effects("own"),
 ]
 
 

@@ -11,7 +11,10 @@ from vllm_rl_conformance.fixtures.driver.control import answered_200, error_loca
 INVALID_MODE = "not-a-mode"
 
 
-pytestmark = [pytest.mark.conformance, pytest.mark.area("P0 invalid mode preserves state")]
+pytestmark = [
+    pytest.mark.conformance, pytest.mark.area("P0 invalid mode preserves state"),
+    pytest.mark.effects("pauses", "aborts"),
+]
 
 
 @pytest.mark.row("state.invalid-mode",

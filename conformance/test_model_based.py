@@ -35,6 +35,7 @@ pytestmark = [
     pytest.mark.requires("metrics", "abort_requests", "keep_mode"),
     pytest.mark.timeout(TIMEOUT_S),
     pytest.mark.area("Model-based histories"),
+    pytest.mark.effects("pauses", "aborts", "sleeps", "version"),
 ]
 
 

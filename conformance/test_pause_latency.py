@@ -13,7 +13,10 @@ from vllm_rl_conformance.fixtures.driver.metrics import engine_state
 from vllm_rl_conformance.fixtures.driver.timing import cpu_wait_s
 
 # 20 cycles of 8 new streams each: ~6 s here, bounded above pytest.ini's 120 s for slow servers.
-pytestmark = [pytest.mark.conformance, pytest.mark.regression, pytest.mark.timeout(300), pytest.mark.area("Regression: pause latency")]
+pytestmark = [
+    pytest.mark.conformance, pytest.mark.regression, pytest.mark.timeout(300), pytest.mark.area("Regression: pause latency"),
+    pytest.mark.effects("pauses", "aborts"),
+]
 STREAMS = 8
 CYCLES = 20
 

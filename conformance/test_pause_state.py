@@ -6,7 +6,10 @@ from vllm_rl_conformance.fixtures.driver.control import answered_200
 MODES = ["abort", "wait", "keep"]
 
 
-pytestmark = [pytest.mark.conformance, pytest.mark.area("P0 state and idempotency")]
+pytestmark = [
+    pytest.mark.conformance, pytest.mark.area("P0 state and idempotency"),
+    pytest.mark.effects("pauses", "aborts"),
+]
 
 
 @pytest.mark.row("state.initial",

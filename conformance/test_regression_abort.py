@@ -28,6 +28,7 @@ pytestmark = [
     pytest.mark.requires("metrics"),
     pytest.mark.timeout(300),
     pytest.mark.area("Regression: abort delivery"),
+    pytest.mark.effects("pauses", "aborts"),
 ]
 
 

@@ -21,6 +21,7 @@ pytestmark = [
     pytest.mark.requires("data_parallel"),
     pytest.mark.area("Regression: data-parallel drain"),
     pytest.mark.layout("parallel"),
+    pytest.mark.effects("pauses", "aborts", "sleeps"),
 ]
 
 

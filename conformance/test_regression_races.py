@@ -15,7 +15,10 @@ from vllm_rl_conformance.fixtures.checks import lifecycle, steps
 from vllm_rl_conformance.fixtures.driver.client import SHORT_PROMPT
 from vllm_rl_conformance.fixtures.driver.control import ControlPlane, answered_200
 
-pytestmark = [pytest.mark.conformance, pytest.mark.regression, pytest.mark.area("Regression: racing pause and resume")]
+pytestmark = [
+    pytest.mark.conformance, pytest.mark.regression, pytest.mark.area("Regression: racing pause and resume"),
+    pytest.mark.effects("pauses", "aborts"),
+]
 WAVE = 4  # requests sent at the moment of the race
 
 

@@ -19,7 +19,10 @@ from vllm_rl_conformance.fixtures.checks import outcomes
 from vllm_rl_conformance.fixtures.driver.client import request_once
 from vllm_rl_conformance.fixtures.driver.control import ControlPlane
 
-pytestmark = [pytest.mark.regression, pytest.mark.timeout(300), pytest.mark.area("Regression: seeded requests")]
+pytestmark = [
+    pytest.mark.regression, pytest.mark.timeout(300), pytest.mark.area("Regression: seeded requests"),
+    pytest.mark.effects("own"),
+]
 
 BATCH_TOKENS = 256  # the server's prefill budget per step
 PROMPT = "Pause, swap the weights, resume: the rollout must go on where it stopped. " * 10  # ~740 tokens

@@ -17,7 +17,10 @@ from vllm_rl_conformance.fixtures.driver.control import answered_200
 from vllm_rl_conformance.fixtures.tier2.weight_sync import status_class
 from vllm_rl_conformance.fixtures.tier2.weight_swap import WARM_ANSWER_TOKENS, check_swap_recomputes_a_warm_prefix
 
-pytestmark = [pytest.mark.conformance, pytest.mark.regression, pytest.mark.area("Regression: weight updates")]
+pytestmark = [
+    pytest.mark.conformance, pytest.mark.regression, pytest.mark.area("Regression: weight updates"),
+    pytest.mark.effects("pauses", "aborts", "sleeps", "weights"),
+]
 UPDATE_INFO = {"names": ["model.norm.weight"], "dtype_names": ["float32"], "shapes": [[1]]}
 
 

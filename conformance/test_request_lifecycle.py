@@ -25,6 +25,7 @@ pytestmark = [
     pytest.mark.timeout(300),
     pytest.mark.parametrize("surface", HTTP_SURFACES),
     pytest.mark.area("P0 mode request lifecycle"),
+    pytest.mark.effects("pauses", "aborts"),
 ]
 
 

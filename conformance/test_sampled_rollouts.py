@@ -17,7 +17,10 @@ import pytest
 from vllm_rl_conformance.fixtures.checks import cycles, lifecycle_rows
 from vllm_rl_conformance.fixtures.driver.surfaces import SAMPLED_MEMBER
 
-pytestmark = [pytest.mark.conformance, pytest.mark.p1, pytest.mark.timeout(300), pytest.mark.area("Sampled rollouts across keep")]
+pytestmark = [
+    pytest.mark.conformance, pytest.mark.p1, pytest.mark.timeout(300), pytest.mark.area("Sampled rollouts across keep"),
+    pytest.mark.effects("pauses", "aborts"),
+]
 
 
 @pytest.mark.row("sampling.keep-continuity",

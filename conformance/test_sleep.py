@@ -18,7 +18,7 @@ from vllm_rl_conformance.fixtures.driver.client import SHORT_PROMPT
 from vllm_rl_conformance.fixtures.driver.metrics import SLEEP_GAUGE, sleep_gauge
 
 pytestmark = [pytest.mark.conformance, pytest.mark.p1, pytest.mark.requires("sleep_routes"),
-              pytest.mark.area("P1 sleep and wake")]
+              pytest.mark.area("P1 sleep and wake"), pytest.mark.effects("pauses", "aborts", "sleeps")]
 
 LEVELS = [0, 1, 2]
 SLEEP_MODES = ["abort", "wait", "keep"]

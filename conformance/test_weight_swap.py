@@ -20,7 +20,10 @@ from vllm_rl_conformance.fixtures.tier2.swap_verdicts import classify, report
 from vllm_rl_conformance.fixtures.tier2.cpu_swap import INPROCESS
 from vllm_rl_conformance.fixtures.tier2.weight_swap import assert_every_post_swap_token_matches, span_mismatches
 
-pytestmark = [pytest.mark.tier2, pytest.mark.area("Tier 2 weight swap while generating"), pytest.mark.order(3)]
+pytestmark = [
+    pytest.mark.tier2, pytest.mark.area("Tier 2 weight swap while generating"), pytest.mark.order(3),
+    pytest.mark.effects("own"),
+]
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,10 @@ from vllm_rl_conformance.fixtures.driver import model_builder
 from vllm_rl_conformance.fixtures.tier2.weight_swap import (assert_every_post_swap_token_matches, fresh_reference,
                                                            swap_experiment)
 
-pytestmark = [pytest.mark.gpu, pytest.mark.area("Tier 2 weight swap on GPUs"), pytest.mark.order(3)]
+pytestmark = [
+    pytest.mark.gpu, pytest.mark.area("Tier 2 weight swap on GPUs"), pytest.mark.order(3),
+    pytest.mark.effects("own"),
+]
 
 ENGINE_ENV = {"VLLM_BATCH_INVARIANT": "1", "CUDA_VISIBLE_DEVICES": "1"}  # the trainer has GPU 0
 TRANSFER_ARGS = ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
@@ -67,7 +70,8 @@ def test_http_form_every_post_swap_token_equals_a_fresh_v2_engine_and_weight_inf
         def make_swap(srv, control, version):
             if srv.url not in ready:  # init once per engine: the NCCL rendezvous with its workers
                 workers = control.ok("GET", "/get_world_size").json()["world_size"]
-                ray.get(trainer.init_transfer.remote("nccl", 1 + workers, url=srv.url), timeout=TIMEOUT_S)
+                ray.get(trainer.init_transfer.remote("nccl", 1 + workers, url=srv.url, headers=srv.headers),
+                        timeout=TIMEOUT_S)
                 ready[srv.url] = True
             return WeightSyncSwap(trainer, version, TIMEOUT_S)
 

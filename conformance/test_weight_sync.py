@@ -27,7 +27,9 @@ from vllm_rl_conformance.fixtures.tier2.weight_sync import WATCH_PROMPT, WATCH_T
 # Right after tier 2 (order 3), on its weight-sync server; last of the conformance modules (a trainer killed
 # mid-send can leave an engine that dies at its next step).
 pytestmark = [pytest.mark.tier2, pytest.mark.layout("weight_sync"), pytest.mark.timeout(300),
-              pytest.mark.area("Tier 2 weight-sync endpoints"), pytest.mark.order(4)]
+              pytest.mark.area("Tier 2 weight-sync endpoints"), pytest.mark.order(4),
+    pytest.mark.effects("pauses", "aborts", "sleeps", "weights"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +68,8 @@ def sync(settings, vllm_server, weights):
         control = ControlPlane(vllm_server)
         session = SyncSession(vllm_server, control, trainer, TRANSFER_TIMEOUT_S)
         try:
-            session.actor("init_transfer", CPU_BACKEND, 2, vllm_server.url, None, TRANSFER_TIMEOUT_S)
+            session.actor("init_transfer", CPU_BACKEND, 2, vllm_server.url, None, TRANSFER_TIMEOUT_S,
+                           vllm_server.headers)
             control.pause_ok("abort", clear_cache=True)
             session.send("weight-sync-v1", weights["v1"])
             control.resume_ok()

@@ -22,6 +22,7 @@ pytestmark = [
     pytest.mark.parametrize("surface", ["generate"]),
     pytest.mark.requires("weight_versions", "weight_version_spans"),
     pytest.mark.area("Weight-version accounting"),
+    pytest.mark.effects("pauses", "aborts", "version"),
 ]
 
 

@@ -72,3 +72,32 @@ def test_a_model_the_server_does_not_serve_stops_the_run_with_one_line(vllm_serv
 def test_a_url_list_naming_a_server_twice_stops_the_run_with_one_line(vllm_server, tmp_path, record_property):
     stops_with_one_line(f"{vllm_server.url},{vllm_server.url}/", vllm_server.model, tmp_path,
                         f"--vllm-url lists {vllm_server.url} more than once", record_property)
+
+
+class DropsVersion(http.server.BaseHTTPRequestHandler):
+    """Lists a model, then closes the connection on every other path without an answer."""
+
+    def do_GET(self):
+        if self.path == "/v1/models":
+            body = b'{"object": "list", "data": [{"id": "m"}]}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        else:
+            self.close_connection = True  # no status line: the client sees the connection dropped
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_server_that_drops_version_stops_the_run_with_one_line(tmp_path, record_property):
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), DropsVersion)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}"
+        stops_with_one_line(url, "", tmp_path, f"cannot reach {url}: ", record_property)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

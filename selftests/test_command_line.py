@@ -48,7 +48,8 @@ class CommandLine:
 
 
 READ_AS = {"--vllm-strict": lambda s: s.strict, "--vllm-fail-on-violations": lambda s: s.fail_on_violations,
-           "--vllm-bit-exact": lambda s: s.continuity_rule.bit_exact}
+           "--vllm-bit-exact": lambda s: s.continuity_rule.bit_exact, "--vllm-allow-busy": lambda s: s.allow_busy,
+           "--vllm-allow-weight-changes": lambda s: s.allow_weight_changes}
 
 
 @pytest.mark.parametrize("switch", sorted(SWITCHES))
@@ -80,3 +81,37 @@ def test_a_run_that_judged_no_row_leaves_the_last_report_as_it_was(tmp_path):
     assert all(kept for _, _, kept in seen.values()), (
         f"(exit status, said so, report untouched) per run: {seen}; files now: {sorted(p.name for p in reports.iterdir())}")
     assert all(said for _, said, _ in seen.values()), seen
+
+
+BAD_SETTINGS = {
+    "url-without-scheme": (["--vllm-url=127.0.0.1:8000"], "is not an http:// or https:// URL"),
+    "url-with-a-bad-port": (["--vllm-url=http://127.0.0.1:port"], "is not a URL"),
+    "start-timeout-nan": (["--vllm-start-timeout=nan"], "expected a positive number of seconds"),
+    "launch-cmd-unknown-placeholder": (["--vllm-launch-cmd={python} -m vllm {modle}"], "is not a command template"),
+    "expectations-a-list": (["--vllm-expectations=@[]"], "does not match expectations.schema.json at (top level)"),
+    "expectations-entry-without-name": (['--vllm-expectations=@{"entries": [{"versions": ">=0.1"}]}'],
+                                        "does not match expectations.schema.json at entries/0"),
+    "expectations-not-json": (["--vllm-expectations=@{"], "cannot read expectations"),
+    "credentials-and-api-key": (["--vllm-url=http://user:pw-secret@127.0.0.1:1", "--vllm-api-key=sk-secret-key"],
+                                "both go in the Authorization header"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_SETTINGS))
+def test_a_bad_setting_stops_the_run_with_one_line_and_exit_status_4(case, tmp_path, record_property):
+    args, expected = BAD_SETTINGS[case]
+    given = []
+    for arg in args:  # "@TEXT": a file holding TEXT
+        name, _, value = arg.partition("=")
+        if value.startswith("@"):
+            (tmp_path / "file.json").write_text(value[1:])
+            arg = f"{name}={tmp_path / 'file.json'}"
+        given.append(arg)
+    done = pytest_in_root("--collect-only", *given, TARGET)
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    record_property("observed", f"exit {done.returncode}: {' / '.join(lines)[:300]}")
+    assert done.returncode == 4 and len(lines) == 1 and lines[0].startswith("ERROR: "), (
+        f"{case}: expected one line 'ERROR: ...' and exit status 4, got exit {done.returncode}:\n"
+        f"{(done.stdout + done.stderr)[-2000:]}")
+    assert expected in lines[0], f"{case}: the line does not say {expected!r}: {lines[0]}"
+    assert "secret" not in lines[0], f"{case}: the line shows a secret: {lines[0]}"

@@ -56,23 +56,91 @@ def worker(info) -> "gloo.GlooWeightTransferEngine":
     return engine
 
 
-def joined(packed: bool, buffer_bytes: int, timeout_s: float = 10.0):
-    from vllm.utils.network_utils import get_open_port
-
-    info = gloo.GlooWeightTransferInitInfo(master_address="127.0.0.1", master_port=get_open_port(), rank_offset=1,
+def joined(packed: bool, buffer_bytes: int, timeout_s: float = 10.0, during=None):
+    """A trainer and a worker joined in one group; `during()` runs while both are joined."""
+    port, fd = gloo.held_port("127.0.0.1")
+    info = gloo.GlooWeightTransferInitInfo(master_address="127.0.0.1", master_port=port, rank_offset=1,
                                            world_size=2, timeout_s=timeout_s, packed=packed,
                                            packed_buffer_size_bytes=buffer_bytes)
     box = {}
     t = threading.Thread(target=lambda: box.setdefault("worker", worker(info)))
     t.start()
-    trainer_group = gloo.open_group("127.0.0.1", info.master_port, 0, 2, timeout_s)
+    trainer_group = gloo.open_group("127.0.0.1", port, 0, 2, timeout_s, listen_fd=fd)
     t.join(timeout_s)
+    if during is not None:
+        box["during"] = during()
     trainer = gloo.GlooTrainerWeightTransferEngine(
         client=None, source=Source(STATE),
         info=gloo.GlooTrainerInitInfo(master_address="127.0.0.1", master_port=info.master_port, world_size=2, rank=0,
                                       timeout_s=timeout_s, packed=packed, packed_buffer_size_bytes=buffer_bytes))
     trainer.group = trainer_group
-    return trainer, box["worker"]
+    return (trainer, box["worker"]) if during is None else (trainer, box["worker"], box["during"])
+
+
+def listening_addresses() -> set[str]:
+    """host:port of every TCP socket this process listens on (/proc/net/tcp{,6} by socket inode)."""
+    import os
+
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = set()
+    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        try:
+            lines = open(table).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and inode in inodes:  # LISTEN
+                address, port = local.split(":")
+                raw = bytes.fromhex(address)
+                host = ".".join(str(b) for b in raw[::-1]) if width == 8 else raw.hex()
+                found.add(f"{host}:{int(port, 16)}")
+    return found
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/net/tcp"), reason="capability missing: /proc/net/tcp")
+def test_the_group_listens_on_loopback_only():
+    before = listening_addresses()
+    *_, during = joined(True, 1 << 10, during=listening_addresses)
+    opened = during - before
+    assert opened, "the group opened no listening socket this process could see"
+    assert all(a.startswith("127.0.0.1:") for a in opened), f"the group listens beyond loopback: {sorted(opened)}"
+
+
+@pytest.mark.parametrize("change, refused", [
+    ({"master_address": "0.0.0.0"}, "master_address '0.0.0.0' is not the configured one"),
+    ({"master_address": "10.1.2.3"}, "is not the configured one"),
+    ({"world_size": 100000}, "world_size 100000 is outside"),
+    ({"timeout_s": 86400.0}, "timeout_s 86400.0 is outside"),
+    ({"packed_buffer_size_bytes": 1 << 40}, "packed_buffer_size_bytes"),
+    ({"master_port": 0}, "master_port 0 is outside"),
+])
+def test_a_worker_refuses_an_init_for_another_address_or_with_sizes_out_of_bounds(change, refused):
+    info = gloo.GlooWeightTransferInitInfo(**{"master_address": "127.0.0.1", "master_port": 29500, "rank_offset": 1,
+                                              "world_size": 2, **change})
+    assert gloo.init_problem(gloo.GlooWeightTransferInitInfo(master_address="127.0.0.1", master_port=29500,
+                                                             rank_offset=1, world_size=2)) is None
+    problem = gloo.init_problem(info)
+    assert problem and refused in problem, f"{change}: {problem!r}; expected it to say {refused!r}"
+
+
+def test_a_worker_refuses_an_update_larger_than_its_bound_or_naming_no_dtype():
+    engine = object.__new__(gloo.GlooWeightTransferEngine)
+    engine.group, engine.info, engine.model = object(), object(), Recorder()
+    huge = gloo.GlooWeightTransferUpdateInfo(names=["w"], dtype_names=["float32"], shapes=[[1 << 20, 1 << 20]])
+    with pytest.raises(ValueError, match="add up to more than"):
+        engine.receive_weights(huge)
+    with pytest.raises(ValueError, match="are not torch dtypes"):
+        gloo.GlooWeightTransferUpdateInfo(names=["w"], dtype_names=["os"], shapes=[[1]]).entries()
+    assert engine.model.calls == 0, "a refused update loaded something"
 
 
 def test_chunks_hold_at_most_the_buffer_and_a_larger_parameter_travels_alone():

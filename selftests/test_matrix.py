@@ -122,3 +122,12 @@ def test_a_known_violation_cell_names_the_bug_once_however_many_releases_share_i
     text = matrix_table.to_markdown(m)
     assert "| **KNOWN VIOLATION** (1) | **KNOWN VIOLATION** (1) |" in text, text
     assert text.count("bug #9") == 1 and "1. refused_weight_update_status = '500': bug #9: answers 500" in text, text
+
+
+@pytest.mark.parametrize("columns", ["../reports=/usr/bin/python3", "a/b=/usr/bin/python3", ".hidden", "x y=1 x y=1"])
+def test_a_column_label_that_is_not_a_plain_name_or_named_twice_is_refused_before_anything_is_removed(columns):
+    from vllm_rl_conformance.fixtures.results import matrix
+
+    with pytest.raises(SystemExit) as refused:
+        matrix.parse_columns(columns, "vllm-cpu")
+    assert "matrix: column labels" in str(refused.value), str(refused.value)

@@ -26,11 +26,17 @@ HEALTH_TIMEOUT=${HEALTH_TIMEOUT:-600}
 SELECTION=${SELECTION:-p0}
 URL=http://127.0.0.1:$PORT
 
-# 1. The server, in a process group of its own, ended on any exit of this script.
+# 1. The server, in a process group of its own, ended on any exit of this script. A port something
+# else holds is refused; the server is served under a name of this job's own, so the rows judge
+# the server this script started and no other that answers on the port.
+if ! python3 -c "import socket,sys; socket.socket().bind(('127.0.0.1', int(sys.argv[1])))" "$PORT" 2>/dev/null; then
+  echo "port $PORT on 127.0.0.1 is in use: set PORT to a free one" >&2; exit 1
+fi
+SERVED_NAME="conformance-ci-$$-$RANDOM"
 mkdir -p "$REPORT_DIR"
 VLLM_SERVER_DEV_MODE=1 setsid "$VLLM_PYTHON" -m vllm.entrypoints.openai.api_server --model "$MODEL" \
-  --host 127.0.0.1 --port "$PORT" --enable-prefix-caching --enable-prompt-tokens-details $SERVER_ARGS \
-  > "$REPORT_DIR/server.log" 2>&1 &
+  --served-model-name "$SERVED_NAME" --host 127.0.0.1 --port "$PORT" --enable-prefix-caching \
+  --enable-prompt-tokens-details $SERVER_ARGS > "$REPORT_DIR/server.log" 2>&1 &
 SERVER_PGID=$!
 stop_server() {
   kill -TERM -- "-$SERVER_PGID" 2>/dev/null || return 0
@@ -55,10 +61,13 @@ until curl -sf --max-time 5 "$URL/health" > /dev/null; do
   fi
   sleep 2
 done
+if ! curl -sf --max-time 5 "$URL/v1/models" | grep -q "\"$SERVED_NAME\""; then
+  echo "the server answering on $URL is not the one this script started (it does not serve $SERVED_NAME)" >&2; exit 1
+fi
 
 # 4. The rows against it.
 cd "$SUITE"
 rc=0
-"$ATTACH_VENV/bin/python" -m pytest conformance -m "$SELECTION" --vllm-url "$URL" "--vllm-model=$MODEL" \
+"$ATTACH_VENV/bin/python" -m pytest conformance -m "$SELECTION" --vllm-url "$URL" "--vllm-model=$SERVED_NAME" \
   "--vllm-report-dir=$REPORT_DIR" ${PYTEST_ARGS:-} || rc=$?
 exit $rc
