@@ -101,8 +101,9 @@ def check_break(server, breakage: str, target: str, message: str | None, report_
     or, with message None (the unbroken proxy), pass."""
     from vllm_rl_conformance.selftests.broken_server import ProxyThread
 
-    with ProxyThread(server.url, breakage) as proxy:
-        run = run_suite(proxy.url, server.model, [target], report_dir, *extra, rates=server.rates, bound=bound)
+    with ProxyThread(server.url, breakage) as proxy:  # the suite's own server: its weights may change
+        run = run_suite(proxy.url, server.model, [target], report_dir, "--vllm-allow-weight-changes", *extra,
+                        rates=server.rates, bound=bound)
     record_property("observed", finding(run, breakage))
     if message is None:
         assert_no_false_failure(run)

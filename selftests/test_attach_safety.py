@@ -4,12 +4,14 @@ version); a server started with --api-key is judged with --vllm-api-key; and no 
 writes, nor its terminal, holds the key or a URL's password."""
 
 import re
+import threading
 import uuid
 
 import pytest
 import requests
 
 from vllm_rl_conformance.fixtures.driver import model_builder, server
+from vllm_rl_conformance.fixtures.driver.client import request_once
 from vllm_rl_conformance.selftests.inner import run_suite
 
 pytestmark = pytest.mark.selftest
@@ -27,13 +29,23 @@ def one_line(run, expected: str) -> str:
     return lines[0]
 
 
-def test_a_target_with_a_request_running_stops_the_run_with_one_line(vllm_server, streams, budget, rates, tmp_path,
-                                                                     record_property):
-    # another client's request, running through the inner run's start and its idle check (~30 s of decoding)
-    s = streams("a prompt someone else sends", min(rates.tokens_for(30), 3500), name="other-client")
-    s.wait_first_token(budget.settle_s + 30)
-    run = run_suite(vllm_server.url, vllm_server.model, [STATE], tmp_path, rates=rates)
-    record_property("observed", one_line(run, "is not idle: its engine reports 1 running"))
+def test_a_target_with_requests_running_stops_the_run_with_one_line(vllm_server, rates, tmp_path, record_property):
+    stop, sent = threading.Event(), []
+
+    def other_client():  # requests one after another, as long as the inner run lasts (its start may take long)
+        while not stop.is_set():
+            request_once(vllm_server, vllm_server.model, "a prompt someone else sends", rates.tokens_for(2), timeout=60)
+            sent.append(1)
+
+    client = threading.Thread(target=other_client, daemon=True)
+    client.start()
+    try:
+        run = run_suite(vllm_server.url, vllm_server.model, [STATE], tmp_path, rates=rates)
+    finally:
+        stop.set()
+        client.join(60)
+    record_property("observed", f"{len(sent)} requests of another client meanwhile; "
+                                + one_line(run, "is not idle: its engine reports 1 running"))
 
 
 def test_a_paused_target_stops_the_run_and_with_allow_busy_is_judged_and_left_paused(

@@ -117,3 +117,13 @@ def test_no_harness_module_is_longer_than_one_job(record_property):
     record_property("observed", f"{len(lengths)} modules; longest {longest} ({lengths[longest]} lines)")
     long = {k: n for k, n in lengths.items() if n > MAX_LINES}
     assert not long, f"harness modules over {MAX_LINES} lines: {long}"
+
+
+def test_no_module_beside_a_script_the_suite_runs_shadows_a_standard_library_module():
+    """fixtures/driver/vllm_serve.py runs as a script: its folder comes first on the server's
+    sys.path, so a module there named like one of the standard library's replaces it for vLLM."""
+    import sys
+
+    folder = ROOT / "fixtures" / "driver"
+    shadowing = sorted(p.name for p in folder.glob("*.py") if p.stem in sys.stdlib_module_names)
+    assert not shadowing, f"modules in {folder} named like standard library modules: {shadowing}"
