@@ -17,7 +17,7 @@ from vllm_rl_conformance.fixtures.checks import expectations as expectations_mod
 from vllm_rl_conformance.fixtures.checks import outcomes
 from vllm_rl_conformance.fixtures.driver.capabilities import HOW
 from vllm_rl_conformance.fixtures.tier2.swap_verdicts import classify, report
-from vllm_rl_conformance.fixtures.tier2.cpu_swap import INPROCESS
+from vllm_rl_conformance.fixtures.tier2.cpu_swap import BYTES, INPROCESS
 from vllm_rl_conformance.fixtures.tier2.weight_swap import assert_every_post_swap_token_matches, span_mismatches
 
 pytestmark = [
@@ -66,6 +66,27 @@ def test_which_post_swap_tokens_come_from_the_new_weights_follows_the_version_ex
         f"{run.title}: observed {seen}, expected {want} ({swap_expected.source(key)}); "
         f"'fresh' = every post-swap token equals fresh V2, 'stale' = some differ.\n"
         f"{report(run.verdicts, run.title)}")
+
+
+def test_after_every_swap_and_restore_the_served_weights_are_byte_for_byte_the_set_sent(
+        cpu_swap_runs, note, record_property):
+    """POST /weight_checker after each swap of the HTTP runs, still paused: the served weights
+    equal a fresh V2 engine's (V2 sent) or the V1 server's before any swap (V1 sent: a restore,
+    the no-op swap), parameter by parameter; the token comparison above covers what the build
+    keeps outside its parameters."""
+    record = cpu_swap_runs[BYTES]
+    for line in record.lines():
+        note(line)
+    record_property("observed", " | ".join(record.lines()))
+    if record.skipped:
+        pytest.skip(record.skipped)
+    assert record.checks, "no swap was compared by bytes"
+    assert record.agree, (
+        f"the trainer's V2 state dict, hashed as /weight_checker hashes, agrees with the fresh V2 engine on no "
+        f"parameter both name alike (differs on {record.disagree}): the baselines are not of the same weights")
+    bad = [c.line() for c in record.checks if not c.ok]
+    assert not bad, (f"{len(bad)} of {len(record.checks)} swaps left weights other than the set sent: "
+                     + "; ".join(bad) + f". All comparisons: {' | '.join(c.line() for c in record.checks)}")
 
 
 def test_weight_info_reports_the_version_committed_during_the_swap(swap_runs, record_property):

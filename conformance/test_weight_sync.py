@@ -5,9 +5,12 @@ CPU the suite's gloo backend, fixtures/tier2/gloo_transfer.py) and a Ray trainer
 
 The harness sends each call itself while the trainer broadcasts, so every answer is observed:
 the protocol in order, calls out of order, a second init, shutdown then init, a resume sent
-while an update is in flight, and a trainer that dies mid-send (last: on some releases it
-leaves an engine that dies at the next step). Statuses that differ between releases are
-version-keyed expectations (golden/expectations.json). Launch mode only: the trainer needs the
+while an update is in flight, the weight-update metrics, and a trainer that dies mid-send
+(last: on some releases it leaves an engine that dies at the next step); malformed updates are
+in test_weight_update_faults.py. Where the release has POST /weight_checker, which weights
+serve is judged by their bytes beside the tokens: V1 is the server's own before the first
+send, V2 a fresh V2 engine's. Statuses that differ between releases are version-keyed
+expectations (golden/expectations.json). Launch mode only: the trainer needs the
 fixture's V1/V2 weights and a server started with the backend.
 """
 
@@ -17,11 +20,13 @@ import threading
 
 import pytest
 
-from vllm_rl_conformance.fixtures.driver import model_builder
 from vllm_rl_conformance.fixtures.driver.capabilities import SLEEP_ON_CPU
-from vllm_rl_conformance.fixtures.driver.client import complete, request_once
-from vllm_rl_conformance.fixtures.tier2 import CPU_BACKEND
+from vllm_rl_conformance.fixtures.driver.client import request_once
+from vllm_rl_conformance.fixtures.driver.metrics import metric_samples, metric_total
+from vllm_rl_conformance.fixtures.driver.weights import WeightChecker
 from vllm_rl_conformance.fixtures.tier2.cpu_swap import TRANSFER_TIMEOUT_S
+from vllm_rl_conformance.fixtures.tier2.sync_fixtures import (  # noqa: F401 - the module's fixtures
+    _calls_of_this_test, baselines, fresh_v2_tokens, sync, weights)
 from vllm_rl_conformance.fixtures.tier2.weight_sync import WATCH_PROMPT, WATCH_TOKENS, SyncSession, status_class
 
 # Right after tier 2 (order 3), on its weight-sync server; last of the conformance modules (a trainer killed
@@ -32,65 +37,12 @@ pytestmark = [pytest.mark.tier2, pytest.mark.layout("weight_sync"), pytest.mark.
 ]
 
 
-@pytest.fixture(scope="module")
-def weights():
-    return {"v1": str(model_builder.ensure("v1")), "v2": str(model_builder.ensure("v2"))}
-
-
-@pytest.fixture(scope="module")
-def fresh_v2_tokens(server_pool):
-    """What a fresh V2 engine answers (asked when first needed: the kept fresh V2 server starts then)."""
-    answers: list[list[int]] = []
-
-    def tokens() -> list[int]:
-        if not answers:
-            fresh = server_pool.fresh_v2()
-            answers.append(complete(fresh, fresh.model, WATCH_PROMPT, WATCH_TOKENS).token_ids)
-        return answers[0]
-
-    return tokens
-
-
-@pytest.fixture(scope="module")
-def sync(settings, vllm_server, weights):
-    """A trainer actor holding V1 and V2, joined to the server (its /init_weight_transfer_engine);
-    the server then serves V1 through the protocol."""
-    if settings.attach:
-        pytest.skip("the weight-sync rows join a trainer to a server the suite launched with its weight-transfer "
-                    "backend; attach mode has no launcher")
-    import ray
-
-    from vllm_rl_conformance.fixtures.driver.control import ControlPlane
-    from vllm_rl_conformance.fixtures.tier2.trainer import Trainer, ray_session
-
-    with ray_session():
-        trainer = Trainer.options(max_concurrency=2).remote(weights["v2"], also=(weights["v1"],))
-        control = ControlPlane(vllm_server)
-        session = SyncSession(vllm_server, control, trainer, TRANSFER_TIMEOUT_S)
-        try:
-            session.actor("init_transfer", CPU_BACKEND, 2, vllm_server.url, None, TRANSFER_TIMEOUT_S,
-                           vllm_server.headers)
-            control.pause_ok("abort", clear_cache=True)
-            session.send("weight-sync-v1", weights["v1"])
-            control.resume_ok()
-            session.v1_tokens = session.tokens()
-            yield session
-        finally:
-            ray.kill(trainer)
-
-
-@pytest.fixture(autouse=True)
-def _calls_of_this_test(request):
-    """Each test's observed text holds its own calls."""
-    if "sync" in request.fixturenames:
-        request.getfixturevalue("sync").log.clear()
-
-
 def test_the_protocol_in_order_while_paused_answers_200_at_every_phase_and_commits_the_version(
-        sync, control, weights, fresh_v2_tokens, record_property):
+        sync, control, weights, fresh_v2_tokens, baselines, record_property):
     """pause(keep) -> start -> update (with the trainer's broadcast) -> finish(version) -> resume:
     every call answers 200, /weight_info and a generate request's spans report the committed
-    version, and the engine answers as a fresh engine on the sent weights."""
+    version, the served weights equal a fresh V2 engine's byte for byte (/weight_checker), and
+    the engine answers as a fresh engine on the sent weights."""
     control.pause_ok("keep")
     sync.actor("use", weights["v2"])
     sync.ok("start", "/start_weight_update")
@@ -98,6 +50,8 @@ def test_the_protocol_in_order_while_paused_answers_200_at_every_phase_and_commi
     assert update.status == 200, f"/update_weights answered {update.status}: {update.body}; calls: {sync.log}"
     sync.ok("finish", "/finish_weight_update", json={"weight_version": "weight-sync-v2"})
     committed = control.weight_version()
+    served = WeightChecker(control).which(baselines) if baselines else ("not read", sync.no_oracle)
+    sync.log.append(f"/weight_checker: {served[0]} ({served[1]})")
     control.resume_ok()
     after = request_once(sync.server, sync.server.model, WATCH_PROMPT, WATCH_TOKENS, 2 * sync.timeout_s,
                          surface="generate")
@@ -113,6 +67,9 @@ def test_the_protocol_in_order_while_paused_answers_200_at_every_phase_and_commi
             assert got == [("weight-sync-v2", 0, WATCH_TOKENS)], (
                 f"a generate request after the swap reports weight_versions {got}; expected "
                 f"{[('weight-sync-v2', 0, WATCH_TOKENS)]}")
+        assert served[0] in ("v2", "not read"), (
+            f"after every phase answered 200 the served weights differ from a fresh engine's on the sent weights "
+            f"(V2): {served[0]}: {served[1]}; calls: {'; '.join(sync.log)}")
         want = fresh_v2_tokens()
         assert after.token_ids == want, (
             f"after every phase answered 200 the engine answers {after.token_ids}; a fresh engine on the sent "
@@ -278,30 +235,87 @@ def test_the_colocated_loop_sleep_update_wake_serves_the_sent_weights_and_an_upd
         f"answers {want}: calls: {'; '.join(sync.log)}")
 
 
+WEIGHT_METRIC = "vllm:rl_weight_update_operation_duration_seconds"
+IN_FLIGHT_METRIC = "vllm:rl_weight_update_operations_in_flight"
+PHASES = ("start", "update", "finish")
+SWAPS = 2
+
+
+def weight_update_counts(control) -> dict[str, float]:
+    samples = metric_samples(control) or []
+    return {op: metric_total(samples, WEIGHT_METRIC + "_count", operation=op) for op in PHASES}
+
+
+def test_the_weight_update_metrics_count_every_call_and_end_with_none_in_flight(
+        sync, control, weights, expected, record_property):
+    """After N swaps the duration histogram has counted N starts, updates and finishes, and the
+    in-flight gauge reads 0 for every operation; a refused call (finish without start) is counted
+    or not as the version's entry says (the design: not counted)."""
+    text = control.metrics_text() or ""
+    if WEIGHT_METRIC not in text:
+        pytest.skip(f"capability missing: weight-update metrics: GET /metrics has no {WEIGHT_METRIC} (vLLM 0.32 and "
+                    f"later name it) after /init_weight_transfer_engine")
+    before = weight_update_counts(control)
+    control.pause_ok("keep")
+    try:
+        for n in range(SWAPS):
+            sync.send(f"weight-sync-metrics-{n}", weights["v1"])
+        after = weight_update_counts(control)
+        in_flight = {op: v for n, lab, v in metric_samples(control) or [] if n == IN_FLIGHT_METRIC
+                     for op in [lab.get("operation")]}
+        refused = sync.post("finish without start (refused)", "/finish_weight_update", json={})
+        after_refused = weight_update_counts(control)
+    finally:
+        control.resume_ok()
+    counted = {op: after[op] - before[op] for op in PHASES}
+    refused_counted = after_refused["finish"] - after["finish"]
+    observed = "counted" if refused_counted else "not counted"
+    record_property("observed", f"{SWAPS} swaps: counts {counted}; in flight {in_flight}; a refused finish "
+                                f"({refused.status}): {observed}; calls: {'; '.join(sync.log)}")
+    assert all(counted[op] == SWAPS for op in PHASES), (
+        f"after {SWAPS} swaps {WEIGHT_METRIC}_count grew by {counted} (start, update, finish); expected {SWAPS} "
+        f"each: the metrics counted {min(counted.values()):g} of {SWAPS} swaps")
+    assert in_flight and not any(in_flight.values()), (
+        f"{IN_FLIGHT_METRIC} after the swaps: {in_flight or 'no sample'}; expected 0 for every operation")
+    assert refused.status is not None and refused.status != 200, f"finish without start answered {refused.status}"
+    check = expected.check("refused_weight_update_call_counted", observed)
+    assert check.matches, (f"a refused /finish_weight_update ({refused.status}) was {observed} in {WEIGHT_METRIC}; "
+                           f"expected {check.expected!r} ({expected.source(check.key)})")
+
+
 def test_a_trainer_killed_mid_send_gets_an_error_in_bounded_time_and_resume_serves_one_weight_set(
-        sync, control, expected, fresh_v2_tokens, server_pool, record_property):
+        sync, control, expected, fresh_v2_tokens, baselines, server_pool, record_property):
     """Last in the module: on some releases the engine dies at its next step. Where the version's
     entry expects that, the dead server is ended here (the row reports it); an unexpected death
-    is reported as every other one."""
+    is reported as every other one. Before resume the served weights are read by their bytes:
+    V1 or V2 entirely is one weight set; a mix is named by its first differing parameters."""
     chunks = sync.actor("chunk_count")
     control.pause_ok("keep")
     sync.ok("start", "/start_weight_update")
     update = sync.update_beside_broadcast("update (the trainer dies)", die_after=max(1, chunks // 2))
     took = update.answered - update.sent
     bound = TRANSFER_TIMEOUT_S + 10
+    served, detail = (WeightChecker(control).which(baselines) if baselines and sync.server.dead_reason() is None
+                      else ("not read", sync.no_oracle or "the server died"))
+    sync.log.append(f"/weight_checker before resume: {served} ({detail})")
     fate = resume_fate(sync, control, fresh_v2_tokens)
     record_property("observed", f"{'; '.join(sync.log)}; the trainer died after {max(1, chunks // 2)} of {chunks} "
                                 f"chunks; then {fate}")
+    if fate.startswith("engine dies"):
+        server_pool.stop_all()  # the death this release's entry expects; a later module starts a new server
     assert update.status is not None and update.status != 200 and took <= bound, (
         f"/update_weights with a trainer that died mid-send answered {update.status} after {took:.1f} s; expected an "
         f"error within {bound:.0f} s (the backend's timeout {TRANSFER_TIMEOUT_S:.0f} s + 10 s)")
     check = expected.check("trainer_death_update_status", status_class(update.status))
     assert check.matches, f"/update_weights answered {update.status}; expected {expected.source(check.key)}"
+    if served != "not read":
+        observed = "one set" if served in ("v1", "v2") else served
+        check = expected.check("weights_after_trainer_death", observed)
+        assert check.matches, (f"after the trainer died mid-send the served weights are {served}: {detail}; expected "
+                               f"{check.expected!r} ({expected.source(check.key)}); calls: {'; '.join(sync.log)}")
     check = expected.check("resume_after_trainer_death", fate.split(":")[0])
     assert check.matches, (f"after the trainer died mid-send and resume: {fate}; expected {check.expected} "
                            f"({expected.source(check.key)})")
-    if fate.startswith("engine dies"):
-        server_pool.stop_all()  # the death this release's entry expects; a later module starts a new server
 
 
 def resume_fate(sync: SyncSession, control, fresh_v2_tokens) -> str:

@@ -48,6 +48,9 @@ MODEL_BASED = rows.test_id("model.histories")
 WEIGHT_SYNC = "conformance/test_weight_sync.py::"
 IN_ORDER = WEIGHT_SYNC + "test_the_protocol_in_order_while_paused_answers_200_at_every_phase_and_commits_the_version"
 RESUME_DURING_UPDATE = WEIGHT_SYNC + "test_a_resume_sent_while_an_update_is_in_flight_answers_only_after_the_update"
+WEIGHT_METRICS = WEIGHT_SYNC + "test_the_weight_update_metrics_count_every_call_and_end_with_none_in_flight"
+FAULT_UNKNOWN = ("conformance/test_weight_update_faults.py::"
+                 "test_a_malformed_update_is_refused_and_the_server_keeps_serving_its_weights[unknown-name]")
 GREEDY_FINDING = "that are not its uninterrupted greedy run"
 SLEEP_LEVELS = rows.test_id("sleep.levels", "level-1")
 SLEEP_TAGS = rows.test_id("sleep.wake-by-tags", "weights-then-kv_cache")
@@ -172,6 +175,14 @@ BREAKS = [
     _b("update-not-applied", "/update_weights receives every tensor and loads none (answers 200)",
        Catch(IN_ORDER, "the update was answered but its weights are not the ones serving",
              selftest="test_weight_sync_detection"), where=PLUGIN),
+    _b("update-loads-half", "/update_weights receives every tensor and loads every second parameter only (answers 200)",
+       Catch(IN_ORDER, "the served weights differ from a fresh engine's on the sent weights",
+             selftest="test_weight_sync_detection"), where=PLUGIN),
+    _b("unknown-parameter-dropped", "/update_weights with a parameter the model does not have drops it, loads the "
+       "rest and answers 200", Catch(FAULT_UNKNOWN, "weight_update_fault[unknown-name]: observed 'update 200",
+                                     selftest="test_weight_sync_detection"), where=PLUGIN),
+    _b("no-weight-metrics", "the weight-transfer routes record no duration and no in-flight count",
+       Catch(WEIGHT_METRICS, "the metrics counted 0 of", selftest="test_weight_sync_detection"), where=PLUGIN),
     _b("finish-does-not-commit", "/finish_weight_update finishes the update but does not commit the weight version",
        Catch(IN_ORDER, "after /finish_weight_update committed 'weight-sync-v2'", selftest="test_weight_sync_detection"),
        where=PLUGIN),

@@ -39,16 +39,28 @@ def register() -> None:
 
 
 def break_worker() -> None:
-    """"update-not-applied": the worker receives every tensor of an update and loads none."""
+    """The worker half: "update-not-applied" receives every tensor of an update and loads none;
+    "update-loads-half" loads every second parameter only; "unknown-parameter-dropped" loads the
+    parameters the model has and drops one it has not, answering 200."""
     from vllm_rl_conformance.fixtures.tier2.gloo_transfer import GlooWeightTransferEngine
 
     receive = GlooWeightTransferEngine.receive_weights
 
     def receive_weights(self, update_info):
-        if in_force() != "update-not-applied":
+        broken = in_force()
+        if broken not in ("update-not-applied", "update-loads-half", "unknown-parameter-dropped"):
             return receive(self, update_info)
-        for _ in self._batches(update_info.entries()):
-            pass
+        n = 0
+        for batch in self._batches(update_info.entries()):
+            for name, tensor in batch:
+                n += 1
+                if broken == "update-not-applied" or (broken == "update-loads-half" and n % 2 == 0):
+                    continue
+                try:
+                    self.model.load_weights([(name, tensor)])
+                except ValueError as exc:
+                    if broken != "unknown-parameter-dropped" or "no module or parameter named" not in str(exc):
+                        raise
 
     GlooWeightTransferEngine.receive_weights = receive_weights
 
@@ -57,6 +69,7 @@ def break_api_server() -> None:
     """The API-server half of the breaks (the engine client's methods; other processes never call
     them), each asking in_force() at each call."""
     import asyncio
+    import contextlib
 
     from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -76,3 +89,14 @@ def break_api_server() -> None:
 
     AsyncLLM.finish_weight_update = finish_weight_update
     AsyncLLM.resume_generation = resume_generation
+
+    try:  # "no-weight-metrics": the weight-transfer routes record no duration and no in-flight count
+        from vllm.entrypoints.rl.online.metrics import WeightOperationMetrics
+    except ImportError:  # a release before the metrics
+        return
+    record = WeightOperationMetrics.record
+
+    def record_unless_broken(self, operation):
+        return contextlib.nullcontext() if in_force() == "no-weight-metrics" else record(self, operation)
+
+    WeightOperationMetrics.record = record_unless_broken
