@@ -107,7 +107,7 @@ def test_calls_out_of_order_get_the_versions_status_and_the_engine_keeps_serving
     record_property("observed", "; ".join(sync.log) + f"; then {after} (V1 before: {sync.v1_tokens})")
     problems = []
     for label, answer, key in checks:
-        check = expected.check(key, status_class(answer.status) if answer.status else "no answer")
+        check = expected.check(key, answer.kind)
         if not check.matches:
             problems.append(f"{label} answered {answer.status} ({answer.body[:120]}); expected {check.expected} "
                             f"({expected.source(key)})")
@@ -203,7 +203,7 @@ def test_the_colocated_loop_sleep_update_wake_serves_the_sent_weights_and_an_upd
             answers.append(sync.update_beside_broadcast("update"))
             answers.append(sync.post("finish", "/finish_weight_update", json={"weight_version": "weight-sync-colocated"}))
         refused = next((a for a in answers if a.status != 200), None)
-        observed = "accepted" if refused is None else status_class(refused.status) if refused.status else "no answer"
+        observed = "accepted" if refused is None else refused.kind
         body = control.wake_up_ok(last)
         sync.log.append(f"wake_up(tags={','.join(last) or 'none'}) -> {body.get('status')!r}")
         assert body.get("status", "awake") == "awake" and control.is_paused() is False, (

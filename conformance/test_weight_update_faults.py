@@ -20,7 +20,6 @@ from vllm_rl_conformance.fixtures.driver.weights import WeightChecker
 from vllm_rl_conformance.fixtures.tier2.sync_fixtures import (  # noqa: F401 - the module's fixtures
     _calls_of_this_test, baselines, fresh_v2_tokens, refit, sync, weights)
 from vllm_rl_conformance.fixtures.tier2.weight_faults import FAULTS
-from vllm_rl_conformance.fixtures.tier2.weight_sync import status_class
 
 # After the weight-sync rows (order 4): a fault can leave the server unable to take an update.
 pytestmark = [pytest.mark.tier2, pytest.mark.layout("weight_sync"), pytest.mark.timeout(300),
@@ -101,10 +100,10 @@ def test_a_malformed_update_is_refused_and_the_server_keeps_serving_its_weights(
         sync.actor("use_fault", fault)
         sync.ok("start", "/start_weight_update")
         update = sync.update_beside_broadcast(f"update ({FAULTS[fault]})", broadcast_may_fail=True)
-        parts.append(f"update {status_class(update.status) if update.status else 'no answer'}")
+        parts.append(f"update {update.kind}")
         if sync.server.dead_reason() is None:
             finish = sync.post("finish", "/finish_weight_update", json={})
-            parts.append(f"finish {status_class(finish.status) if finish.status else 'no answer'}")
+            parts.append(f"finish {finish.kind}")
             parts.append(f"health {sync.health()}")
             served = WeightChecker(control).which(baselines) if baselines else ("not read", sync.no_oracle)
             sync.log.append(f"/weight_checker: {served[0]} ({served[1]})")
