@@ -50,9 +50,6 @@ def test_a_server_started_with_an_api_key_refuses_control_calls_made_without_it(
     observed = "guarded" if not open_ else "unguarded" if not refused else f"partly guarded: open {', '.join(open_)}"
     record_property("observed", f"without the key: GET /v1/models {inference}; "
                                 + ", ".join(f"{call} {status}" for call, status in statuses.items()))
-    assert expected.stated("control_routes_without_api_key") is not None, (
-        f"control routes without the API key: {observed}; {expected.label} states no value for "
-        f"control_routes_without_api_key: measure it (make matrix) and add it")
     check = expected.check("control_routes_without_api_key", observed)
     assert check.matches, (
         f"control routes without the API key: {observed} ({', '.join(f'{c} {s}' for c, s in present.items())}), "
