@@ -173,10 +173,10 @@ BREAKS = [
        "that chunk twice; no later one does (a failure that does not happen again)",
        Catch(MODEL_BASED, GREEDY_FINDING, selftest="test_model_based_detection", case="-once")),
     _b("update-not-applied", "/update_weights receives every tensor and loads none (answers 200)",
-       Catch(IN_ORDER, "the update was answered but its weights are not the ones serving",
+       Catch(IN_ORDER, "the served weights differ from a fresh engine's on the sent weights (V2): v1:",
              selftest="test_weight_sync_detection"), where=PLUGIN),
     _b("update-loads-half", "/update_weights receives every tensor and loads every second parameter only (answers 200)",
-       Catch(IN_ORDER, "the served weights differ from a fresh engine's on the sent weights",
+       Catch(IN_ORDER, "the served weights differ from a fresh engine's on the sent weights (V2): mixed:",
              selftest="test_weight_sync_detection"), where=PLUGIN),
     _b("unknown-parameter-dropped", "/update_weights with a parameter the model does not have drops it, loads the "
        "rest and answers 200", Catch(FAULT_UNKNOWN, "weight_update_fault[unknown-name]: observed 'update 200",
