@@ -22,11 +22,11 @@ from vllm_rl_conformance.fixtures.tier2.sync_fixtures import (  # noqa: F401 - t
 from vllm_rl_conformance.fixtures.tier2.weight_faults import FAULTS
 
 # After the weight-sync rows (order 4): a fault can leave the server unable to take an update.
-pytestmark = [pytest.mark.tier2, pytest.mark.layout("weight_sync"), pytest.mark.timeout(300),
+pytestmark = [pytest.mark.tier2, pytest.mark.layout("weight_sync", spare=True), pytest.mark.timeout(300),
               pytest.mark.area("Tier 2 weight-update faults"), pytest.mark.order(5),
               pytest.mark.effects("pauses", "aborts", "weights")]
 
-# The faults that leave a session open on some releases last: one start again at most.
+# The faults that leave a session open on some releases last: one start again at most, by the spare.
 ORDER = ("unknown-name", "wrong-dtype", "wrong-shape", "metadata-mismatch")
 
 

@@ -13,7 +13,8 @@ port = int(sys.argv[sys.argv.index("--port") + 1])
 with open(os.path.join(tempfile.gettempdir(), "left-behind.sock"), "w"):
     pass  # what vLLM does with its ZMQ sockets: a file in the temp dir, never removed
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-facts = {"tmp": tempfile.gettempdir(), "sid": os.getsid(0), "pgid": os.getpgid(0), "child": child.pid}
+facts = {"tmp": tempfile.gettempdir(), "sid": os.getsid(0), "pgid": os.getpgid(0), "child": child.pid,
+         "bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND")}
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
