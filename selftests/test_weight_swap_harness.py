@@ -6,7 +6,7 @@ import pytest
 
 from vllm_rl_conformance.fixtures.checks.continuity import Rule
 from vllm_rl_conformance.fixtures.tier2.swap_verdicts import SwapRecord, Verdict, classify, compare, pass_rate, report
-from vllm_rl_conformance.fixtures.tier2.weight_swap import NOOP, assert_every_post_swap_token_matches
+from vllm_rl_conformance.fixtures.tier2.weight_swap import assert_every_post_swap_token_matches
 
 pytestmark = [pytest.mark.selftest, pytest.mark.order(3)]
 
@@ -52,12 +52,12 @@ def test_the_runs_continuity_rule_reaches_the_tier2_verdicts_and_their_report():
     assert "[rule: token ids equal up to a near-tie" in report(compare([record("p", 2, [1, 2, 3])], {"p": [3]}), "run")
 
 
-def test_a_swap_that_changes_nothing_fails_tier2_with_a_per_request_mismatch_report(cpu_swap_runs, continuity_rule,
+def test_a_swap_that_changes_nothing_fails_tier2_with_a_per_request_mismatch_report(cpu_swap_noop, continuity_rule,
                                                                                     record_property):
     """The tier-2 experiment's NOOP run: its trainer holds V1, the engine's own weights; the
     swap reloads and answers 200 but no weight changes. The tier-2 check must fail and say,
     per request, where it diverged."""
-    run = cpu_swap_runs[NOOP]
+    run = cpu_swap_noop
     with pytest.raises(AssertionError) as caught:
         assert_every_post_swap_token_matches(run, continuity_rule)
     message = str(caught.value)
