@@ -101,3 +101,23 @@ def test_a_run_inside_ray_session_ignores_ray_address_keeps_its_sigterm_and_leav
     record_property("observed", f"actor answered {said.get('answer')}; node {said.get('node')}; SIGTERM -> exit "
                                 f"{proc.returncode}; processes left: {len(left)}")
     assert not left, f"after SIGTERM the run's Ray processes are still running: {left}"
+
+
+def test_a_session_that_ends_inside_a_later_one_leaves_ray_running_until_the_last_ends(monkeypatch):
+    """An in-process engine begun beside the first server holds a session; the run's trainers
+    (ray_runtime) enter theirs while it is open and use Ray after the engine's module ended it.
+    Ray must stay up until the last session exits (no Ray: ray.init and ray.shutdown stand in)."""
+    from vllm_rl_conformance.fixtures.tier2 import trainer
+
+    ray = {"up": False, "inits": 0, "shutdowns": 0}
+    monkeypatch.setattr(trainer.ray, "is_initialized", lambda: ray["up"])
+    monkeypatch.setattr(trainer.ray, "init", lambda **kw: ray.update(up=True, inits=ray["inits"] + 1))
+    monkeypatch.setattr(trainer.ray, "shutdown", lambda: ray.update(up=False, shutdowns=ray["shutdowns"] + 1))
+    monkeypatch.setattr(trainer.ray_session, "holders", 0, raising=False)
+    monkeypatch.setattr(trainer.ray_session, "started", False, raising=False)
+    engine = trainer.ray_session().__enter__()
+    run = trainer.ray_session().__enter__()
+    engine.__exit__(None, None, None)
+    assert ray == {"up": True, "inits": 1, "shutdowns": 0}, f"after the first session ended: {ray}"
+    run.__exit__(None, None, None)
+    assert ray == {"up": False, "inits": 1, "shutdowns": 1}, f"after the last session ended: {ray}"
