@@ -20,6 +20,7 @@ from vllm_rl_conformance.fixtures.driver.weights import WeightChecker
 from vllm_rl_conformance.fixtures.tier2.sync_fixtures import (  # noqa: F401 - the module's fixtures
     _each_test_on_a_fit_session, baselines, fresh_v2_tokens, sync, weights)
 from vllm_rl_conformance.fixtures.tier2.weight_faults import FAULTS
+from vllm_rl_conformance.fixtures.tier2.weight_sync import trainer_error
 
 # After the weight-sync rows (order 4): a fault can leave the server unable to take an update.
 pytestmark = [pytest.mark.tier2, pytest.mark.layout("weight_sync", spare=True), pytest.mark.timeout(300),
@@ -47,7 +48,7 @@ def clean_retry(sync, control, weights, baselines, fresh_v2_tokens) -> str:
     try:
         sync.send("weight-sync-retry", weights["v2"])
     except ray.exceptions.RayTaskError as exc:
-        first = str(exc).strip().splitlines()[-1][:160]
+        first = trainer_error(exc, 160)
         again = sync.actor("rendezvous_again")
         sync.log.append(f"the retry failed ({first}); a new init: {again}")
         if again != "200":
@@ -55,7 +56,7 @@ def clean_retry(sync, control, weights, baselines, fresh_v2_tokens) -> str:
         try:
             sync.send("weight-sync-retry", weights["v2"])
         except ray.exceptions.RayTaskError as exc2:
-            return f"fails: {str(exc2).strip().splitlines()[-1][:160]}"
+            return f"fails: {trainer_error(exc2, 160)}"
     if baselines:
         served, detail = WeightChecker(control).which(baselines)
         return "recovers" if served == "v2" else f"fails: weights {served} ({detail})"
