@@ -3,9 +3,11 @@
 #                      the report table, validate reports/conformance.json against its schema
 #   make test          set up (if needed), then run what CI runs: conformance, fleet, data-parallel, API servers,
 #                      tensor parallel, field-bug regressions, model-based histories, tier 2 on CPU, self-tests
-#   make bench         how long make conformance, pytest -m p0 and make test take, as multiples of the sum of
-#                      the engine starts each makes (BENCH_TEST= leaves make test out, BENCH_REPEAT=3 three
+#   make bench         how long make conformance, pytest -m p0, make test and make selftest-slow take, as
+#                      multiples of the sum of the engine starts each makes (BENCH_TEST= leaves the last two out, BENCH_REPEAT=3 three
 #                      rounds), and pause latency; reports/bench/
+#   make selftest-slow the self-tests' two confirmatory whole-selection runs make test leaves out (~6 min):
+#                      a fast engine behind a slow path, and the unbroken proxy over every targeted test
 #   make tier2         tier 2 on CPU through vLLM's weight-sync protocol (the suite's gloo backend): weight swap
 #                      while generating, validated against a fresh V2 engine, and the weight-sync endpoints
 #   make gpu-e2e       tier 2 on two GPUs over NCCL (own venv, requirements-gpu.txt); skips without two GPUs
@@ -18,8 +20,11 @@ STAMP       := $(VENV)/.installed
 PYTEST_ARGS ?=
 # Rows `make conformance` runs; e.g. MARKERS="p0 or p1 or fleet or dp" adds the fleet and DP layouts.
 MARKERS     ?= p0 or p1
-# Rows `make test` runs (what CI runs).
-TEST_MARKERS ?= p0 or p1 or fleet or dp or api_servers or tensor_parallel or regression or model_based or tier2 or selftest
+# Rows `make test` runs (what CI runs): all but the self-tests' confirmatory whole-selection runs.
+TEST_MARKERS ?= (p0 or p1 or fleet or dp or api_servers or tensor_parallel or regression or model_based or tier2 or selftest) and not selftest_slow
+# Rows `make selftest-slow` runs: run it before resolving a change to a judgment (fixtures/checks/, a row's
+# assertions, budgets, the proxy, hold windows).
+SLOW_MARKERS ?= selftest_slow
 BENCH_TEST  ?= 1
 # make bench: rounds (each number is the median over them).
 BENCH_REPEAT ?= 1
@@ -37,7 +42,7 @@ GPU_PY      := $(GPU_VENV)/bin/python
 # Server arguments for GPU runs (replace the CPU defaults: no float32 / KV bytes / eager needed there).
 GPU_SERVER_ARGS ?= --max-model-len 4096 --gpu-memory-utilization 0.3 --enforce-eager
 
-.PHONY: setup models conformance test tier2 selftest bench gpu-e2e matrix clean
+.PHONY: setup models conformance test tier2 selftest selftest-slow bench gpu-e2e matrix clean
 
 setup: $(STAMP) models
 
@@ -68,9 +73,12 @@ tier2: setup
 selftest: setup
 	$(PY) -m pytest -m selftest $(PYTEST_ARGS)
 
+selftest-slow: setup
+	$(PY) -m pytest -m "$(SLOW_MARKERS)" $(PYTEST_ARGS)
+
 # Not a timed test: a record. Each run starts its own server.
 bench: setup
-	$(PY) -m fixtures.results.bench --markers "$(MARKERS)" $(if $(BENCH_TEST),--test-markers "$(TEST_MARKERS)") \
+	$(PY) -m fixtures.results.bench --markers "$(MARKERS)" $(if $(BENCH_TEST),--test-markers "$(TEST_MARKERS)" --slow-markers "$(SLOW_MARKERS)") \
 	  --repeat $(BENCH_REPEAT) --pytest-args "$(PYTEST_ARGS)"
 
 # Each column installs its release once (disk checked first), then runs the suite against servers of that

@@ -51,6 +51,7 @@ def fast_server(settings, server_pool):
     return server_pool.target(server_pool.fast())
 
 
+@pytest.mark.selftest_slow  # make selftest-slow, not make test
 @pytest.mark.timeout(SELECTION_BOUND_S + 60)
 def test_the_conformance_selection_passes_on_every_surface_against_a_fast_engine_behind_a_slow_path(
         fast_server, tmp_path, record_property):

@@ -33,6 +33,7 @@ def test_a_server_with_one_broken_row_fails_the_test_that_pins_it(server_target,
     check_break(server_target, case.breakage, case.test, case.message, tmp_path, record_property)
 
 
+@pytest.mark.selftest_slow  # make selftest-slow, not make test
 @pytest.mark.timeout(300)  # every targeted test once, the latency cycles included
 def test_the_unbroken_proxy_passes_every_targeted_test(server_target, model, tmp_path, record_property):
     targets = sorted({c.test for c in CASES})
