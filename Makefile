@@ -4,8 +4,8 @@
 #   make test          set up (if needed), then run what CI runs: conformance, fleet, data-parallel, API servers,
 #                      tensor parallel, field-bug regressions, model-based histories, tier 2 on CPU, self-tests
 #   make bench         how long make conformance, pytest -m p0, make test and make selftest-slow take, as
-#                      multiples of the sum of the engine starts each makes (BENCH_TEST= leaves the last two out, BENCH_REPEAT=3 three
-#                      rounds), and pause latency; reports/bench/
+#                      multiples of the sum of the engine starts each makes (BENCH_TEST= leaves the last two
+#                      out, BENCH_REPEAT=3 three rounds), and pause latency; reports/bench/
 #   make selftest-slow the self-tests' two confirmatory whole-selection runs make test leaves out (~6 min):
 #                      a fast engine behind a slow path, and the unbroken proxy over every targeted test
 #   make tier2         tier 2 on CPU through vLLM's weight-sync protocol (the suite's gloo backend): weight swap
@@ -21,7 +21,8 @@ PYTEST_ARGS ?=
 # Rows `make conformance` runs; e.g. MARKERS="p0 or p1 or fleet or dp" adds the fleet and DP layouts.
 MARKERS     ?= p0 or p1
 # Rows `make test` runs (what CI runs): all but the self-tests' confirmatory whole-selection runs.
-TEST_MARKERS ?= (p0 or p1 or fleet or dp or api_servers or tensor_parallel or regression or model_based or tier2 or selftest) and not selftest_slow
+CI_MARKERS   := p0 or p1 or fleet or dp or api_servers or tensor_parallel or regression or model_based or tier2
+TEST_MARKERS ?= ($(CI_MARKERS) or selftest) and not selftest_slow
 # Rows `make selftest-slow` runs: run it before resolving a change to a judgment (fixtures/checks/, a row's
 # assertions, budgets, the proxy, hold windows).
 SLOW_MARKERS ?= selftest_slow
@@ -78,7 +79,8 @@ selftest-slow: setup
 
 # Not a timed test: a record. Each run starts its own server.
 bench: setup
-	$(PY) -m fixtures.results.bench --markers "$(MARKERS)" $(if $(BENCH_TEST),--test-markers "$(TEST_MARKERS)" --slow-markers "$(SLOW_MARKERS)") \
+	$(PY) -m fixtures.results.bench --markers "$(MARKERS)" \
+	  $(if $(BENCH_TEST),--test-markers "$(TEST_MARKERS)" --slow-markers "$(SLOW_MARKERS)") \
 	  --repeat $(BENCH_REPEAT) --pytest-args "$(PYTEST_ARGS)"
 
 # Each column installs its release once (disk checked first), then runs the suite against servers of that
