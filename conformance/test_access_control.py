@@ -3,8 +3,9 @@
 A trainer's control calls (pause, resume, sleep, weight updates) change what every client of
 the server gets; where the inference routes refuse a request without the key, the control
 routes must too. The row sends only calls that change nothing on a resumed, awake server:
-GET /is_paused, GET /is_sleeping, GET /weight_info, GET /server_info and POST /resume, each
-without the key, and reads their status.
+GET /is_paused, GET /is_sleeping, GET /weight_info, GET /server_info, POST /resume and GET
+/checkpoint/status (vLLM 0.34's checkpoint routes, where the server has them), each without
+the key, and reads their status; a route the server does not have (404) is left out.
 """
 
 import pytest
@@ -23,7 +24,7 @@ pytestmark = [
 
 # Calls without effect on a resumed, awake server (the autouse fixture resumes it first).
 HARMLESS_CONTROL_CALLS = [("GET", "/is_paused"), ("GET", "/is_sleeping"), ("GET", "/weight_info"),
-                          ("GET", "/server_info"), ("POST", "/resume")]
+                          ("GET", "/server_info"), ("POST", "/resume"), ("GET", "/checkpoint/status")]
 
 
 def keyless(url: str, method: str, path: str) -> int:

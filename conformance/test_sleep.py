@@ -11,6 +11,7 @@ worker logs "sleep mode is not supported on CPU, ignore it"), so the report says
 import pytest
 
 from vllm_rl_conformance.fixtures.checks import lifecycle as lc
+from vllm_rl_conformance.fixtures.checks.expectations import assert_expected as expect
 from vllm_rl_conformance.fixtures.checks import steps
 from vllm_rl_conformance.fixtures.driver.capabilities import SLEEP_ON_CPU
 from vllm_rl_conformance.fixtures.driver.control import answered_200, error_locates_param, json_body
@@ -37,14 +38,6 @@ def _awake_around(control, capabilities, note):
 
 def state(control) -> dict:
     return {"is_sleeping": control.is_sleeping(), "is_paused": control.is_paused()}
-
-
-def expect(expected, key, observed, what, mode=None):
-    """`observed` must be what the version's entry says (an entry that states no value fails, naming
-    what was observed: measure it and add it)."""
-    check = expected.check(key, observed, mode=mode)
-    assert check.matches, f"{what}: observed {observed!r}; expected {check.expected!r} ({expected.source(key, mode)})"
-    return observed
 
 
 def assert_gauge(control, when, what: str) -> str:
@@ -289,3 +282,43 @@ def test_release_kv_cache_memory_needs_a_completed_pause_and_the_server_serves_a
                     f"stayed up and served after wake_up and resume")
     assert r.status_code == 200 and json_body(r).get("status") == "kv_cache_released", (
         f"release_kv_cache_memory after a completed pause(abort) answered {r.status_code}: {text}")
+
+
+@pytest.mark.row("sleep.reset-connector",
+                 "Where /openapi.json declares reset_connector on /sleep and /release_kv_cache_memory, both MUST "
+                 "accept it (true or false) as they accept the call without it, and an invalid value MUST be a "
+                 "client error that changes nothing.")
+def test_sleep_and_release_kv_cache_memory_take_reset_connector_and_refuse_an_invalid_value(
+        control, capabilities, streams, budget, expected, record_property):
+    if capabilities.reset_connector is not True:
+        pytest.skip(f"capability missing: reset_connector: /openapi.json does not declare it on /sleep "
+                    f"({capabilities.how.get('reset_connector', 'not described')})")
+    log = []
+    for value in ("false", "true"):
+        r = control.call("POST", "/sleep", params={"level": "1", "reset_connector": value}, timeout=budget.settle_s)
+        answered_200(r, f"sleep(level=1, reset_connector={value})")
+        log.append(f"sleep(reset_connector={value}) -> 200, {wake_and_resume(control)}")
+    bad = control.call("POST", "/sleep", params={"level": "1", "reset_connector": "maybe"}, timeout=budget.settle_s)
+    after_bad = state(control)
+    log.append(f"sleep(reset_connector=maybe) -> {bad.status_code} {bad.text[:120]}, then {after_bad}")
+    if after_bad != AWAKE:
+        log.append(wake_and_resume(control))
+    control.pause_ok("abort")
+    released = control.call("POST", "/release_kv_cache_memory", params={"reset_connector": "false"},
+                            timeout=budget.settle_s)
+    bad_release = control.call("POST", "/release_kv_cache_memory", params={"reset_connector": "maybe"},
+                               timeout=budget.settle_s)
+    log.append(f"pause(abort), release_kv_cache_memory(reset_connector=false) -> {released.status_code} "
+               f"{released.text[:120]}; (reset_connector=maybe) -> {bad_release.status_code}; {wake_and_resume(control)}")
+    again = streams(SHORT_PROMPT, budget.short_tokens, name="after-reset-connector")
+    lc.assert_completed(again, budget, budget.short_tokens)
+    record_property("observed", "; ".join(log) + "; a request then completed")
+    assert released.status_code == 200 or (released.status_code == 500 and "not supported on CPU" in released.text), (
+        f"release_kv_cache_memory(reset_connector=false) after a completed pause(abort) answered "
+        f"{released.status_code}: {released.text[:200]}")
+    for what, r in (("sleep", bad), ("release_kv_cache_memory", bad_release)):
+        expect(expected, "invalid_reset_connector_status", r.status_code,
+               f"{what}(reset_connector=maybe) ({r.text[:120]})")
+        assert error_locates_param(json_body(r), "reset_connector"), (
+            f"{what}(reset_connector=maybe) answered {r.status_code} without naming reset_connector: {r.text[:200]}")
+    assert after_bad == AWAKE, f"an invalid reset_connector changed the engine's state: {after_bad}"

@@ -55,6 +55,15 @@ GREEDY_FINDING = "that are not its uninterrupted greedy run"
 SLEEP_LEVELS = rows.test_id("sleep.levels", "level-1")
 SLEEP_TAGS = rows.test_id("sleep.wake-by-tags", "weights-then-kv_cache")
 SLEEP_FROZEN = rows.test_id("sleep.frozen-request", "keep")
+RESET_CONNECTOR = rows.test_id("sleep.reset-connector")
+CHECKPOINT = "test_checkpoint_emulation"
+CK_DRAIN_ABORT = rows.test_id("checkpoint.prepare-drains", "abort")
+CK_DRAIN_WAIT = rows.test_id("checkpoint.prepare-drains", "wait")
+CK_STATUS = rows.test_id("checkpoint.status")
+CK_RESTORE = rows.test_id("checkpoint.restore")
+CK_CONTROLS = rows.test_id("checkpoint.controls-while-prepared")
+CK_PAUSED = rows.test_id("checkpoint.while-paused")
+CK_ASLEEP = rows.test_id("checkpoint.while-asleep")
 
 
 @dataclass(frozen=True)
@@ -185,6 +194,30 @@ BREAKS = [
     _b("first-keep-resume-repeats-a-token-once", "the first stream resumed from pause(keep) that gets a token gets "
        "that chunk twice; no later one does (a failure that does not happen again)",
        Catch(MODEL_BASED, GREEDY_FINDING, selftest="test_model_based_detection", case="-once")),
+    _b("checkpoint-routes-as-0.34", "vLLM 0.34's checkpoint routes as its source has them, over the server's pause: "
+       "prepare(mode) pauses with that mode and reports 'prepared' (new requests refused with 503 unless keep), "
+       "status 503/200, restore resumes (idempotent), resume/sleep/wake_up 500 while prepared, prepare refused (400) "
+       "while asleep; reset_connector on /sleep and /release_kv_cache_memory (400 if not a bool); /openapi.json lists "
+       "them; GET /version answers 0.34.0", role="version", used_in=(CHECKPOINT,)),
+    _b("checkpoint-wait-acts-like-abort", "as checkpoint-routes-as-0.34, but prepare(mode=wait) pauses with abort",
+       Catch(CK_DRAIN_WAIT, "did not complete normally", selftest=CHECKPOINT)),
+    _b("checkpoint-admits-while-prepared", "as checkpoint-routes-as-0.34, but a request sent while prepared (abort, "
+       "wait) is not refused: the paused server queues it", Catch(CK_DRAIN_ABORT, "observed 'queued'", selftest=CHECKPOINT)),
+    _b("checkpoint-status-always-200", "as checkpoint-routes-as-0.34, but GET /checkpoint/status answers 200 in every "
+       "state", Catch(CK_STATUS, "observed '200 running; 200 prepared; 200 running'", selftest=CHECKPOINT)),
+    _b("checkpoint-restore-again-refused", "as checkpoint-routes-as-0.34, but a restore with nothing prepared answers "
+       "400", Catch(CK_RESTORE, "observed '400 running'", selftest=CHECKPOINT)),
+    _b("checkpoint-restore-leaves-paused", "as checkpoint-routes-as-0.34, but restore answers 200 without resuming "
+       "the server", Catch(CK_RESTORE, "/is_paused is true", selftest=CHECKPOINT)),
+    _b("checkpoint-resume-while-prepared", "as checkpoint-routes-as-0.34, but /resume while prepared is forwarded "
+       "(200: generation resumes, the status still says prepared)",
+       Catch(CK_CONTROLS, "observed 'resume 200", selftest=CHECKPOINT)),
+    _b("checkpoint-refused-while-paused", "as checkpoint-routes-as-0.34, but prepare on a paused server answers 400",
+       Catch(CK_PAUSED, "observed 'prepare 400", selftest=CHECKPOINT)),
+    _b("checkpoint-prepares-while-asleep", "as checkpoint-routes-as-0.34, but prepare on a sleeping server is "
+       "accepted", Catch(CK_ASLEEP, "observed 'prepare 200", selftest=CHECKPOINT)),
+    _b("reset-connector-invalid-accepted", "as checkpoint-routes-as-0.34, but reset_connector=maybe is dropped and "
+       "the call forwarded (200)", Catch(RESET_CONNECTOR, "observed 200; expected 400", selftest=CHECKPOINT)),
     _b("update-not-applied", "/update_weights receives every tensor and loads none (answers 200)",
        Catch(IN_ORDER, "the served weights differ from a fresh engine's on the sent weights (V2): v1:",
              selftest="test_weight_sync_detection"), where=PLUGIN),

@@ -26,6 +26,13 @@ BREAKS = changes_of(PROXY)  # break name -> what it changes (selftests/breaks.py
 REFUSALS = {"refuse-while-paused-as-0.33", "refusal-not-retryable", "refused-request-never-ends",
             "resent-request-refused-again", "refused-stream-ends-bare"}
 REPORTED = {"reports-0.33.0": "0.33.0", "reports-9.9.0": "9.9.0"}  # what /version answers
+# 0.34's checkpoint routes and reset_connector, emulated as its source has them (reporting 0.34.0), and the
+# faults of that emulation (selftests/breaks.py).
+CHECKPOINT = {"checkpoint-routes-as-0.34", "checkpoint-wait-acts-like-abort", "checkpoint-admits-while-prepared",
+              "checkpoint-status-always-200", "checkpoint-restore-again-refused", "checkpoint-resume-while-prepared",
+              "checkpoint-prepares-while-asleep", "checkpoint-restore-leaves-paused", "checkpoint-refused-while-paused",
+              "reset-connector-invalid-accepted"}
+BOOL_WORDS = {"true", "false", "1", "0", "yes", "no", "on", "off", "t", "f", "y", "n"}  # what FastAPI parses as bool
 HANG_S = 600  # "never returns": far beyond any bound of the suite
 OVERLAP_S = 0.3  # racing calls are held this long, so a second one surely arrives during the first
 SLOW_PAUSE_S = 3.0
@@ -55,6 +62,9 @@ class BrokenProxy:
         self.refusing = False  # the refusal breaks: a pause(abort|wait) refuses new requests until resume
         self.refuse_after_resume = False  # resent-request-refused-again: the next request after resume
         self.mode: str | None = None  # the mode of the pause the upstream is in, as seen through us
+        self.checkpoint = "running"  # the emulated checkpoint state (CHECKPOINT): running or prepared
+        self.checkpoint_refusing = False  # prepared with abort or wait: new requests are refused until restore
+        self.asleep = False  # a /sleep answered 200 and no wake_up woke it fully since (0.32 says asleep when paused)
         self.late_request = False  # a completion arrived while paused (late-request-blocks-drain)
         self.in_flight = {"/pause": 0, "/resume": 0}  # calls being answered (the *-hangs breaks)
         self.open_streams: list[dict] = []  # requests being answered (resumed-logprobs-altered)
@@ -131,8 +141,14 @@ class BrokenProxy:
         reported = next((REPORTED[x] for x in sorted(b & set(REPORTED))), None)
         if b & (REFUSALS - {"refuse-while-paused-as-0.33"}):  # 0.33's refusal with a fault: judged as 0.33
             reported = reported or REPORTED["reports-0.33.0"]
+        if b & CHECKPOINT:
+            reported = reported or "0.34.0"
         if path == "/version" and reported:
             return web.json_response({"version": reported})
+        if b & CHECKPOINT:
+            emulated = await self._checkpoint(request, path, query)
+            if emulated is not None:
+                return emulated
         if path == "/is_sleeping" and "is-sleeping-false-while-asleep" in b:
             return web.json_response({"is_sleeping": False})
         if path == "/wake_up" and "wake-up-leaves-paused" in b:
@@ -207,16 +223,99 @@ class BrokenProxy:
             answer = await self._forward(request, path, query)
             async with self.session.get(self.upstream + "/is_paused") as up:
                 if (await up.json()).get("is_paused") is False:
-                    self.paused, self.mode = False, None
+                    self.paused, self.mode, self.asleep = False, None, False
             return answer
         if path not in COMPLETION_PATHS:
-            return await self._forward(request, path, query)
+            answer = await self._forward(request, path, query)
+            if answer.status == 200 and path in ("/sleep", "/wake_up"):
+                self.asleep = path == "/sleep"
+            return answer
         stream = {"path": path, "resumed": False}
         self.open_streams.append(stream)
         try:
             return await self._forward(request, path, query, rewrite=lambda chunk: self._rewrite(stream, chunk))
         finally:
             self.open_streams.remove(stream)
+
+    async def _checkpoint(self, request: web.Request, path: str, query: dict) -> web.StreamResponse | None:
+        """vLLM 0.34's checkpoint routes as its source has them (vllm/entrypoints/serve/checkpoint/api_router.py,
+        vllm/v1/engine/core.py), over the upstream's pause, and reset_connector on /sleep and
+        /release_kv_cache_memory; the answer, or None for a call they leave to the rest of the proxy.
+        Unlike 0.34, prepare answers once the drain is complete (0.34: once it started; the rows poll the status)."""
+        b, prepared = self.breaks, self.checkpoint == "prepared"
+        state = lambda code, **more: web.json_response({"state": self.checkpoint, **more}, status=code)  # noqa: E731
+        if path == "/checkpoint/status":
+            return state(200 if prepared or "checkpoint-status-always-200" in b else 503)
+        if path == "/checkpoint/prepare":
+            mode = query.get("mode", "wait")
+            if mode not in VALID_MODES:
+                return self._invalid("mode", mode)
+            if prepared:
+                return state(200)
+            if self.asleep and "checkpoint-prepares-while-asleep" not in b:
+                return state(400, error="Preparing for a checkpoint requires an awake engine")
+            if "checkpoint-refused-while-paused" in b and (await self._upstream("GET", "/is_paused"))["is_paused"]:
+                return state(400, error="Cannot prepare while paused")
+            sent = "abort" if mode == "wait" and "checkpoint-wait-acts-like-abort" in b else mode
+            async with self.session.post(self.upstream + "/pause", params={"mode": sent, "clear_cache": "false"}) as up:
+                if up.status != 200:
+                    return web.Response(body=await up.read(), status=up.status, content_type="application/json")
+            self.paused, self.mode = True, sent
+            self.checkpoint = "prepared"
+            self.checkpoint_refusing = mode != "keep" and "checkpoint-admits-while-prepared" not in b
+            return state(200)
+        if path == "/checkpoint/restore":
+            if prepared:
+                if "checkpoint-restore-leaves-paused" not in b:
+                    await self._upstream("POST", "/resume")
+                    self.paused, self.mode = False, None
+                    for stream in self.open_streams:
+                        stream["resumed"] = True
+                self.checkpoint, self.checkpoint_refusing = "running", False
+                return state(200)
+            if "checkpoint-restore-again-refused" in b:
+                return state(400, error="Cannot restore while the checkpoint state is running")
+            return state(200)
+        if prepared and path in ("/resume", "/sleep", "/wake_up") and not (
+                path == "/resume" and "checkpoint-resume-while-prepared" in b):
+            return web.json_response({"error": {"message": f"Cannot {path[1:]} while the checkpoint state is prepared",
+                                                "type": "Internal Server Error", "param": None, "code": 500}},
+                                     status=500)
+        if path in COMPLETION_PATHS and self.checkpoint_refusing:
+            return await self._refuse(request, path)
+        if path in ("/sleep", "/release_kv_cache_memory") and "reset_connector" in query:
+            value = query.pop("reset_connector")  # the upstream (0.32) does not declare it
+            if value.lower() not in BOOL_WORDS and "reset-connector-invalid-accepted" not in b:
+                return self._invalid("reset_connector", value)
+            return None
+        if path == "/openapi.json":
+            return web.json_response(await self._described_as_0_34())
+        return None
+
+    @staticmethod
+    def _invalid(param: str, value: str) -> web.Response:
+        """A query parameter's validation error as vLLM answers it (400, the parameter named)."""
+        return web.json_response({"error": {"message": f"1 validation error:\n  query.{param}: invalid value {value!r}",
+                                            "type": "Bad Request", "param": f"query.{param}", "code": 400}}, status=400)
+
+    async def _upstream(self, method: str, path: str) -> dict:
+        async with self.session.request(method, self.upstream + path) as up:
+            return await up.json()
+
+    async def _described_as_0_34(self) -> dict:
+        """The upstream's /openapi.json with 0.34's checkpoint routes and reset_connector."""
+        async with self.session.get(self.upstream + "/openapi.json") as up:
+            spec = await up.json()
+        answer = {"200": {"description": "the checkpoint state"}}
+        spec["paths"]["/checkpoint/prepare"] = {"post": {"parameters": [
+            {"name": "mode", "in": "query", "schema": {"enum": sorted(VALID_MODES)}}], "responses": answer}}
+        spec["paths"]["/checkpoint/restore"] = {"post": {"responses": answer}}
+        spec["paths"]["/checkpoint/status"] = {"get": {"responses": answer}}
+        for route in ("/sleep", "/release_kv_cache_memory"):
+            post = spec["paths"].setdefault(route, {}).setdefault("post", {})
+            post.setdefault("parameters", []).append({"name": "reset_connector", "in": "query",
+                                                      "schema": {"type": "boolean", "default": True}})
+        return spec
 
     def _refusal(self, path: str, query: dict):
         """The refusal breaks (REFUSALS): 0.33's policy, tracked from the control calls that pass

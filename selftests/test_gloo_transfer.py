@@ -14,6 +14,8 @@ pytestmark = [pytest.mark.selftest, pytest.mark.timeout(120)]
 
 torch = pytest.importorskip("torch")
 gloo = pytest.importorskip("vllm_rl_conformance.fixtures.tier2.gloo_transfer")
+from vllm_rl_conformance.fixtures import tier2  # noqa: E402
+from vllm_rl_conformance.fixtures.tier2.weight_source import StateDictSource  # noqa: E402
 
 
 class Recorder:
@@ -24,19 +26,6 @@ class Recorder:
     def load_weights(self, pairs):
         self.calls += 1
         self.loaded.update({n: t.clone() for n, t in pairs})
-
-
-class Source:
-    def __init__(self, state):
-        self.state = state
-
-    def metadata(self):
-        from vllm.distributed.weight_transfer import ParamMeta
-
-        return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in self.state.items()]
-
-    def __iter__(self):
-        yield from self.state.items()
 
 
 STATE = {
@@ -70,7 +59,7 @@ def joined(packed: bool, buffer_bytes: int, timeout_s: float = 10.0, during=None
     if during is not None:
         box["during"] = during()
     trainer = gloo.GlooTrainerWeightTransferEngine(
-        client=None, source=Source(STATE),
+        client=None, source=StateDictSource.make(STATE),
         info=gloo.GlooTrainerInitInfo(master_address="127.0.0.1", master_port=info.master_port, world_size=2, rank=0,
                                       timeout_s=timeout_s, packed=packed, packed_buffer_size_bytes=buffer_bytes))
     trainer.group = trainer_group
@@ -141,6 +130,23 @@ def test_a_worker_refuses_an_update_larger_than_its_bound_or_naming_no_dtype():
     with pytest.raises(ValueError, match="are not torch dtypes"):
         gloo.GlooWeightTransferUpdateInfo(names=["w"], dtype_names=["os"], shapes=[[1]]).entries()
     assert engine.model.calls == 0, "a refused update loaded something"
+
+
+def test_the_reload_hooks_the_installed_release_has_are_found_and_a_missing_one_refuses_the_init_and_skips_the_row(
+        monkeypatch):
+    start, finish, loading, missing = gloo.reload_hooks()
+    assert missing is None and callable(start) and callable(finish) and callable(loading), gloo.reload_hooks()
+    monkeypatch.setattr(gloo, "reload_hooks", lambda: (None, None, None, "reload has no layerwise reload"))
+    engine = object.__new__(gloo.GlooWeightTransferEngine)
+    engine.group, engine.info, engine.model = None, None, Recorder()
+    info = gloo.GlooWeightTransferInitInfo(master_address="127.0.0.1", master_port=29500, rank_offset=1, world_size=2)
+    for call in (lambda: engine.init_transfer_engine(info), engine.start_weight_update):
+        with pytest.raises(NotImplementedError) as refused:
+            call()
+        with pytest.raises(pytest.skip.Exception, match="reload has no layerwise reload"):
+            tier2.skip_if_backend_cannot_run(refused.value)
+    assert engine.group is None and engine.model.calls == 0, "a refused init or start touched the group or the model"
+    tier2.skip_if_backend_cannot_run(RuntimeError("500 Server Error"))  # another failure: no skip, the caller raises
 
 
 def test_chunks_hold_at_most_the_buffer_and_a_larger_parameter_travels_alone():

