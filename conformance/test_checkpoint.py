@@ -57,7 +57,7 @@ def until_settled(control, limit_s: float) -> tuple[int, str]:
         time.sleep(POLL_S)
 
 
-def prepared(control, mode: str, budget, limit_s: float) -> str:
+def prepared(control, mode: str, limit_s: float) -> str:
     """prepare(mode) answers 200 and the status then reaches 200 'prepared' within `limit_s`."""
     r = answered_200(prepare(control, mode, timeout=limit_s), f"POST /checkpoint/prepare?mode={mode}")
     code, state = until_settled(control, limit_s)
@@ -97,7 +97,7 @@ def test_checkpoint_prepare_treats_requests_in_flight_as_pause_does_and_a_reques
         s = streams(SHORT_PROMPT, lc.trial_tokens(budget, k), name="in-flight")
         s.wait_first_token(budget.first_token_s)
         sent_at = s.n_tokens
-        how = prepared(control, mode, budget, limit)
+        how = prepared(control, mode, limit)
         if mode == "keep":
             frozen_at = s.wait_quiet(budget.hold_s, budget.settle_s + budget.hold_s)
         else:
@@ -136,7 +136,7 @@ def test_checkpoint_prepare_treats_requests_in_flight_as_pause_does_and_a_reques
 def test_checkpoint_status_answers_503_until_prepared_200_when_prepared_and_503_after_restore(
         control, budget, expected, record_property):
     before = status(control)
-    prepared(control, "abort", budget, budget.settle_s + 30)
+    prepared(control, "abort", budget.settle_s + 30)
     during = status(control)
     restored(control, budget)
     after = status(control)
@@ -151,7 +151,7 @@ def test_checkpoint_status_answers_503_until_prepared_200_when_prepared_and_503_
                  "and leave the server serving: not paused, and a request completes.")
 def test_checkpoint_restore_is_idempotent_and_the_server_serves_again(
         control, streams, budget, expected, record_property):
-    prepared(control, "abort", budget, budget.settle_s + 30)
+    prepared(control, "abort", budget.settle_s + 30)
     first = restored(control, budget)
     again = restore(control, timeout=budget.settle_s + 30)
     observed = f"{again.status_code} {state_of(again)}"
@@ -168,7 +168,7 @@ def test_checkpoint_restore_is_idempotent_and_the_server_serves_again(
                  "While checkpoint-prepared, resume, sleep and wake_up MUST be refused (the version's status) and "
                  "leave the engine prepared; restore then serves.")
 def test_resume_sleep_and_wake_up_are_refused_while_checkpoint_prepared(control, budget, expected, record_property):
-    prepared(control, "abort", budget, budget.settle_s + 30)
+    prepared(control, "abort", budget.settle_s + 30)
     answers, states = {}, {}
     for name, call in (("resume", lambda: control.resume()), ("sleep", lambda: control.sleep(1)),
                        ("wake_up", lambda: control.wake_up())):

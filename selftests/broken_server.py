@@ -62,8 +62,7 @@ class BrokenProxy:
         self.refusing = False  # the refusal breaks: a pause(abort|wait) refuses new requests until resume
         self.refuse_after_resume = False  # resent-request-refused-again: the next request after resume
         self.mode: str | None = None  # the mode of the pause the upstream is in, as seen through us
-        self.checkpoint = "running"  # the emulated checkpoint state (CHECKPOINT): running or prepared
-        self.checkpoint_refusing = False  # prepared with abort or wait: new requests are refused until restore
+        self.prepared_mode: str | None = None  # the emulated checkpoint (CHECKPOINT): prepared with this mode, or running
         self.asleep = False  # a /sleep answered 200 and no wake_up woke it fully since (0.32 says asleep when paused)
         self.late_request = False  # a completion arrived while paused (late-request-blocks-drain)
         self.in_flight = {"/pause": 0, "/resume": 0}  # calls being answered (the *-hangs breaks)
@@ -242,8 +241,11 @@ class BrokenProxy:
         vllm/v1/engine/core.py), over the upstream's pause, and reset_connector on /sleep and
         /release_kv_cache_memory; the answer, or None for a call they leave to the rest of the proxy.
         Unlike 0.34, prepare answers once the drain is complete (0.34: once it started; the rows poll the status)."""
-        b, prepared = self.breaks, self.checkpoint == "prepared"
-        state = lambda code, **more: web.json_response({"state": self.checkpoint, **more}, status=code)  # noqa: E731
+        b, prepared = self.breaks, self.prepared_mode is not None
+
+        def state(code: int, **more) -> web.Response:
+            return web.json_response({"state": "prepared" if self.prepared_mode else "running", **more}, status=code)
+
         if path == "/checkpoint/status":
             return state(200 if prepared or "checkpoint-status-always-200" in b else 503)
         if path == "/checkpoint/prepare":
@@ -260,9 +262,7 @@ class BrokenProxy:
             async with self.session.post(self.upstream + "/pause", params={"mode": sent, "clear_cache": "false"}) as up:
                 if up.status != 200:
                     return web.Response(body=await up.read(), status=up.status, content_type="application/json")
-            self.paused, self.mode = True, sent
-            self.checkpoint = "prepared"
-            self.checkpoint_refusing = mode != "keep" and "checkpoint-admits-while-prepared" not in b
+            self.paused, self.mode, self.prepared_mode = True, sent, mode
             return state(200)
         if path == "/checkpoint/restore":
             if prepared:
@@ -271,7 +271,7 @@ class BrokenProxy:
                     self.paused, self.mode = False, None
                     for stream in self.open_streams:
                         stream["resumed"] = True
-                self.checkpoint, self.checkpoint_refusing = "running", False
+                self.prepared_mode = None
                 return state(200)
             if "checkpoint-restore-again-refused" in b:
                 return state(400, error="Cannot restore while the checkpoint state is running")
@@ -281,7 +281,8 @@ class BrokenProxy:
             return web.json_response({"error": {"message": f"Cannot {path[1:]} while the checkpoint state is prepared",
                                                 "type": "Internal Server Error", "param": None, "code": 500}},
                                      status=500)
-        if path in COMPLETION_PATHS and self.checkpoint_refusing:
+        if path in COMPLETION_PATHS and self.prepared_mode in ("abort", "wait") \
+                and "checkpoint-admits-while-prepared" not in b:  # refused until restore, as during pause
             return await self._refuse(request, path)
         if path in ("/sleep", "/release_kv_cache_memory") and "reset_connector" in query:
             value = query.pop("reset_connector")  # the upstream (0.32) does not declare it

@@ -141,12 +141,15 @@ def test_the_reload_hooks_the_installed_release_has_are_found_and_a_missing_one_
     engine.group, engine.info, engine.model = None, None, Recorder()
     info = gloo.GlooWeightTransferInitInfo(master_address="127.0.0.1", master_port=29500, rank_offset=1, world_size=2)
     for call in (lambda: engine.init_transfer_engine(info), engine.start_weight_update):
-        with pytest.raises(NotImplementedError) as refused:
+        with pytest.raises(NotImplementedError, match=tier2.CPU_BACKEND_CANNOT_RUN):
             call()
         with pytest.raises(pytest.skip.Exception, match="reload has no layerwise reload"):
-            tier2.skip_if_backend_cannot_run(refused.value)
+            with tier2.skipped_if_backend_cannot_run():
+                call()
     assert engine.group is None and engine.model.calls == 0, "a refused init or start touched the group or the model"
-    tier2.skip_if_backend_cannot_run(RuntimeError("500 Server Error"))  # another failure: no skip, the caller raises
+    with pytest.raises(RuntimeError, match="500 Server Error"):  # another failure is raised as it is
+        with tier2.skipped_if_backend_cannot_run():
+            raise RuntimeError("500 Server Error")
 
 
 def test_chunks_hold_at_most_the_buffer_and_a_larger_parameter_travels_alone():
