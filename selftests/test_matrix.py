@@ -167,3 +167,20 @@ def test_each_column_checks_the_suites_weight_source_against_its_own_base_py_and
     text = matrix_table.to_markdown(m)
     assert f"iteration by {result['iteration']}: keeps the contract" in text, text
     assert "metadata changes between reads" in text, text
+
+
+def test_a_code_at_kernels_column_never_pins_a_server_started_beside_another(monkeypatch):
+    """The overlay columns run with VLLM_CPU_SIM_MULTI_NUMA=1 (matrix.OVERLAY_ENV), under which 0.33's CPU
+    executor accepts only `auto` thread binding: a server begun beside another keeps it."""
+    import os
+
+    from vllm_rl_conformance.fixtures.plugin import pool
+    from vllm_rl_conformance.fixtures.results import matrix as matrix_run
+
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.delenv("VLLM_CPU_SIM_MULTI_NUMA", raising=False)
+    if len(os.sched_getaffinity(0)) == 2:
+        assert pool.core_beside(), "on 2 cores a server begun beside another is given the second core"
+    for name, value in matrix_run.OVERLAY_ENV.items():
+        monkeypatch.setenv(name, value)
+    assert pool.core_beside() == {}, f"with {matrix_run.OVERLAY_ENV} a server begun beside another was pinned"
