@@ -18,7 +18,7 @@ from vllm_rl_conformance.fixtures.checks import outcomes
 from vllm_rl_conformance.fixtures.driver.capabilities import HOW
 from vllm_rl_conformance.fixtures.tier2.swap_verdicts import classify, report
 from vllm_rl_conformance.fixtures.tier2.cpu_swap import BYTES, INPROCESS
-from vllm_rl_conformance.fixtures.tier2.weight_swap import assert_every_post_swap_token_matches, span_mismatches
+from vllm_rl_conformance.fixtures.tier2.weight_swap import assert_every_post_swap_token_matches, pictured, span_mismatches
 
 pytestmark = [
     pytest.mark.tier2, pytest.mark.area("Tier 2 weight swap while generating"), pytest.mark.order(3),
@@ -55,6 +55,7 @@ def test_with_clear_cache_every_post_swap_token_equals_a_fresh_v2_engine(swap_ru
 def test_which_post_swap_tokens_come_from_the_new_weights_follows_the_version_expectation(
         swap_runs, swap_expected, clear_cache, record_property):
     run = swap_runs[clear_cache]
+    pictured(run)
     key = f"swap_keep_clear_cache_{str(clear_cache).lower()}"
     want = swap_expected.want(key)
     seen = {kind: classify(run.verdicts, kind) for kind in want}
@@ -108,6 +109,7 @@ def test_the_weight_version_spans_of_each_request_change_exactly_at_its_swap_ind
     the swap up to its swap index and the committed one after (the tokens after it are the
     ones checked against a fresh V2 engine above); a queued one reports only the committed one."""
     run = swap_runs[clear_cache]
+    pictured(run)
     on_generate = [r for r in run.phase1.records if r.surface == "generate"]
     if on_generate and all(r.weight_versions is None for r in on_generate):  # a release before spans
         pytest.skip(f"capability missing: weight_version_spans: the server does not offer "

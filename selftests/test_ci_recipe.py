@@ -53,4 +53,5 @@ def test_the_shell_recipe_installs_the_attach_set_starts_a_server_and_passes_p0(
     assert proc.returncode == 0, f"the recipe failed (exit {proc.returncode}):\n{out[-3000:]}"
     assert totals.get("fail") == 0 and totals.get("pass", 0) >= 9, totals
     assert rep["run"]["mode"] == "attach" and (reports / "junit.xml").exists(), rep["run"]
+    assert (reports / "conformance.html").exists(), f"the recipe's report has no HTML page: {sorted(os.listdir(reports))}"
     assert not left, f"the recipe left its server running: pids {left}"

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.selftest
 README_MAX_BYTES = 10 * 1024
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 # Files the suite writes, named in the docs but not part of the project.
-WRITTEN = {"conformance.json", "conformance.md", "junit.xml", "matrix.md", "matrix.json", "server.log", "bench.md",
+WRITTEN = {"conformance.json", "conformance.md", "conformance.html", "junit.xml", "report-page", "matrix.md", "matrix.json", "server.log", "bench.md",
            "bench.json"}
 WRITTEN_UNDER = ("reports/", ".cache/", "server-logs/")
 OUTSIDE = re.compile(r"\bSPEC\b|SPEC\.md|STYLE\.md|\.\./shared|seeds/")
