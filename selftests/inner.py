@@ -17,7 +17,7 @@ from vllm_rl_conformance.fixtures import SUITE_ROOT
 
 ROOT = SUITE_ROOT
 INNER_BOUND_S = 120  # a targeted inner run must end well within this
-# What a copy of the suite leaves out (vendoring, building a wheel).
+# What a copy of the checkout leaves out (building a wheel from it; vendoring copies by fixtures/vendor.py).
 COPY_IGNORED = shutil.ignore_patterns(".git", ".venv*", ".cache", "reports", "__pycache__", "*.pyc", "build", "dist",
                                       "*.egg-info")
 

@@ -1,10 +1,16 @@
 """The suite's options as a user types them: a switch takes no value (so the path after it is
 still the path to run), and a run that judged no row leaves the last report where it was."""
 
+import os
 import subprocess
 import sys
+from urllib.parse import urlsplit
 
+import hypothesis
+import hypothesis.strategies as st
 import pytest
+
+from vllm_rl_conformance.fixtures.driver import redaction
 
 from vllm_rl_conformance.fixtures.plugin import settings
 from vllm_rl_conformance.fixtures.plugin.settings import OPTIONS, SWITCHES
@@ -94,6 +100,13 @@ BAD_SETTINGS = {
     "expectations-not-json": (["--vllm-expectations=@{"], "cannot read expectations"),
     "credentials-and-api-key": (["--vllm-url=http://user:pw-secret@127.0.0.1:1", "--vllm-api-key=sk-secret-key"],
                                 "both go in the Authorization header"),
+    "url-ipv6-left-open": (["--vllm-url=http://[::1"], "is not a URL: Invalid IPv6 URL"),
+    "url-ipv6-with-credentials-left-open": (["--vllm-url=http://user:pw-secret@[::1:8000"], "is not a URL"),
+    "url-ipv6-port-out-of-range": (["--vllm-url=http://[::1]:99999"], "is not a URL: Port out of range"),
+    "url-without-host": (["--vllm-url=http://:8000"], "is not an http:// or https:// URL with a host"),
+    "url-list-with-one-bad": (["--vllm-url=http://127.0.0.1:1,http//127.0.0.1:2"], "'http//127.0.0.1:2' is not an"),
+    "url-list-with-an-empty-entry": (["--vllm-url=http://127.0.0.1:1,,http://127.0.0.1:2"], "has an empty entry"),
+    "url-set-but-empty": (["--vllm-url="], "is set but empty: give the server's URL for attach mode, or unset it"),
 }
 
 
@@ -115,3 +128,67 @@ def test_a_bad_setting_stops_the_run_with_one_line_and_exit_status_4(case, tmp_p
         f"{(done.stdout + done.stderr)[-2000:]}")
     assert expected in lines[0], f"{case}: the line does not say {expected!r}: {lines[0]}"
     assert "secret" not in lines[0], f"{case}: the line shows a secret: {lines[0]}"
+
+
+# What a command line or an environment variable can carry: no NUL, no lone surrogate but those Python decodes
+# undecodable bytes to (surrogateescape).
+ARGV_CHARACTERS = st.one_of(st.characters(exclude_characters="\x00", exclude_categories=("Cs",)),
+                            st.characters(min_codepoint=0xDC80, max_codepoint=0xDCFF))
+
+
+def _url_part(options: list[str]):
+    return st.one_of(st.sampled_from(options), st.text(alphabet=ARGV_CHARACTERS, max_size=6))
+
+
+URLS = st.one_of(
+    st.text(alphabet=ARGV_CHARACTERS, max_size=40),
+    st.lists(st.tuples(_url_part(["http://", "https://", "ftp://", "HTTP://", "http:/", ""]),
+                       _url_part(["", "user:pw-secret@", "user@", ":@", "@"]),
+                       _url_part(["127.0.0.1", "[::1]", "[::1", "::1]", "[::1]]", "localhost", "", "[fe80::1%eth0]"]),
+                       _url_part(["", ":8000", ":", ":-1", ":99999", ":port", ":0"]),
+                       _url_part(["", "/", "/v1", "?a=b", "#f"]))
+             .map("".join), min_size=1, max_size=3)
+    .flatmap(lambda urls: st.sampled_from([",", ", ", " ,", ",,"]).map(lambda sep: sep.join(urls))),
+)
+
+
+@hypothesis.settings(max_examples=400, deadline=None, suppress_health_check=[hypothesis.HealthCheck.too_slow],
+                     database=None)
+@hypothesis.given(value=URLS)
+def test_every_vllm_url_is_taken_as_http_urls_with_a_host_or_refused_with_one_line(value, tmp_path_factory):
+    """No INTERNALERROR: a malformed --vllm-url is a usage error (exit status 4, one line) that shows no
+    password; what is taken is a list of http(s) URLs with a host. Nothing is sent anywhere."""
+    saved = set(redaction._known)  # a password parsed here must not be masked in the outer run's report
+    try:
+        try:
+            got = settings.from_config(CommandLine(**{"--vllm-url": value}), tmp_path_factory.getbasetemp())
+        except pytest.UsageError as exc:
+            message = str(exc)
+            assert "\n" not in message and message.startswith("--vllm-url"), repr(message)
+            if "pw-secret@" in value:  # where a URL carries its password
+                assert "pw-secret" not in message, f"the usage error shows the password: {message!r}"
+            return
+        assert got.urls, f"{value!r} was taken as launch mode"
+        for url in got.urls:
+            parts = urlsplit(url)
+            assert parts.scheme in ("http", "https") and parts.hostname and parts.port is not False, (value, url)
+            assert "@" not in parts.netloc, f"credentials left in {url!r} (from {value!r})"
+    finally:
+        redaction._known.clear()
+        redaction._known.update(saved)
+
+
+VALUED = sorted(name for name, *_ in OPTIONS if name not in SWITCHES | {"--vllm-url", "--vllm-api-key"})
+
+
+@hypothesis.settings(max_examples=400, deadline=None, suppress_health_check=[hypothesis.HealthCheck.too_slow],
+                     database=None)
+@hypothesis.given(name=st.sampled_from(VALUED),
+                  value=st.text(alphabet=ARGV_CHARACTERS, max_size=30))
+def test_every_option_value_is_taken_or_refused_with_one_line(name, value, tmp_path_factory):
+    """Whatever text an option is given (as a command line or an environment variable can carry it),
+    reading the settings either takes it or stops with a one-line usage error naming the option."""
+    try:
+        settings.from_config(CommandLine(**{name: value}), tmp_path_factory.getbasetemp())
+    except pytest.UsageError as exc:
+        assert "\n" not in str(exc) and str(exc).startswith(name), f"{name}={value!r}: {str(exc)!r}"
