@@ -205,6 +205,11 @@ def test_a_copy_made_by_make_vendor_committed_and_cloned_passes_p0_in_attach_mod
     parent = run(clone, "tests", "-m", "p0", env={"VLLM_CONFORMANCE_URL": dead})
     assert_one_line_exit_4(parent, f"name the copy's folder instead (python -m pytest {COPY} ...)",
                            "a parent folder named", clone)
+    flag = run(clone, "tests", "-m", "p0", f"--vllm-url={dead}")  # the suite's options exist only in the copy's runs
+    assert flag.code == 4 and "unrecognized arguments: --vllm-url" in flag.output, (
+        f"a parent folder named with --vllm-url: expected pytest's usage error, got exit {flag.code}:\n"
+        f"{flag.output[-3000:]}")
+    assert not git(clone, "status", "--porcelain", "--untracked-files=all"), "the run left files in the repository"
     assert_one_line_exit_4(run(clone, COPY, "-m", "p0", "--vllm-url=http://[::1"), "is not a URL: Invalid IPv6 URL",
                            "an IPv6 URL left open", clone)
     assert_one_line_exit_4(run(clone, COPY, "-m", "p0", env={"VLLM_CONFORMANCE_URL": ""}), "is set but empty",
@@ -239,7 +244,8 @@ def test_a_copy_made_by_make_vendor_committed_and_cloned_passes_p0_in_attach_mod
     totals = json.loads(report.read_text())["totals"]
     record_property("observed", f"{shape}-like repository, copy committed and cloned (pytest.ini "
                                 f"{'dropped by its .gitignore' if lost else 'kept'}): p0 exit {p0.code} in "
-                                f"{p0.seconds:.1f} s, totals {totals}; parent folder: {parent.lines[0][:120]}")
+                                f"{p0.seconds:.1f} s, totals {totals}; a parent folder named: "
+                                f"{next(line for line in parent.lines if line.startswith('ERROR'))[:160]}")
     assert p0.code == 0 and totals["fail"] == 0 and totals["pass"] >= 9, (
         f"the vendored copy failed p0 in the {shape}-like repository: totals {totals}\n{p0.output[-3000:]}")
     seen = json.loads((probe.parent / "probe.json").read_text())
