@@ -172,6 +172,11 @@ def test_make_vendor_copies_what_a_copy_needs_and_names_each_file_the_repository
 NOT_ONE_LINE = ("Traceback", "INTERNALERROR", 'File "', "conformance report", "collection failed")
 
 
+def left_behind(clone: Path) -> str:
+    """The files a run left in the repository, as git status names them (nothing: '')."""
+    return git(clone, "status", "--porcelain", "--untracked-files=all")
+
+
 def assert_one_line_exit_4(done: Done, expected: str, what: str, clone: Path) -> None:
     """Exit status 4 and one 'ERROR: ' line saying `expected`, whatever else pytest frames it with (its
     session header and closing line, a plugin's configuration warning), and no file left behind."""
@@ -182,7 +187,7 @@ def assert_one_line_exit_4(done: Done, expected: str, what: str, clone: Path) ->
     assert expected in errors[0], f"{what}: the line does not say {expected!r}: {errors[0]}"
     noise = [line for line in done.lines if any(word in line for word in NOT_ONE_LINE)]
     assert not noise, f"{what}: more than one line from the suite: {noise[:5]}\n{done.output[-3000:]}"
-    left = git(clone, "status", "--porcelain", "--untracked-files=all")
+    left = left_behind(clone)
     assert not left, f"{what}: the run left files in the repository (a report?):\n{left}"
 
 
@@ -209,7 +214,7 @@ def test_a_copy_made_by_make_vendor_committed_and_cloned_passes_p0_in_attach_mod
     assert flag.code == 4 and "unrecognized arguments: --vllm-url" in flag.output, (
         f"a parent folder named with --vllm-url: expected pytest's usage error, got exit {flag.code}:\n"
         f"{flag.output[-3000:]}")
-    assert not git(clone, "status", "--porcelain", "--untracked-files=all"), "the run left files in the repository"
+    assert not left_behind(clone), f"a parent folder named with --vllm-url: the run left files:\n{left_behind(clone)}"
     assert_one_line_exit_4(run(clone, COPY, "-m", "p0", "--vllm-url=http://[::1"), "is not a URL: Invalid IPv6 URL",
                            "an IPv6 URL left open", clone)
     assert_one_line_exit_4(run(clone, COPY, "-m", "p0", env={"VLLM_CONFORMANCE_URL": ""}), "is set but empty",
@@ -226,7 +231,7 @@ def test_a_copy_made_by_make_vendor_committed_and_cloned_passes_p0_in_attach_mod
     assert (clone / "own.xml").is_file(), "the repository's --junitxml was not written where it said"
     (clone / "own.xml").unlink()
     (clone / "autouse.log").unlink(missing_ok=True)  # the repository's own test used its autouse fixture
-    left = git(clone, "status", "--porcelain", "--untracked-files=all")
+    left = left_behind(clone)
     assert not left, f"a run that selected none of the suite's tests left files in the repository:\n{left}"
 
     # The documented command, naming the copy's folder (with a probe of what pytest gives each test).
