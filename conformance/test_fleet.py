@@ -18,6 +18,7 @@ from vllm_rl_conformance.fixtures.checks import lifecycle, steps
 from vllm_rl_conformance.fixtures.plugin import entry as plugin
 from vllm_rl_conformance.fixtures.checks.budget import Budget, budget_of
 from vllm_rl_conformance.fixtures.driver.control import ControlPlane, answered_200
+from vllm_rl_conformance.fixtures.driver.fate import Kind
 from vllm_rl_conformance.fixtures.driver.metrics import engine_state
 from vllm_rl_conformance.fixtures.plugin.pytest_fixtures import resumed_around
 from vllm_rl_conformance.fixtures.driver.server import Server
@@ -163,8 +164,8 @@ def test_resuming_one_server_releases_only_the_work_sent_to_that_server(
                         + ", ".join(f"{m.name}: {p}" for m, p in zip(rest, still)))
     for m, (s, _) in zip(rest, held[1:]):
         if s is not None:
-            observed = lifecycle.observe_while_paused(s, m.budget)
-            assert observed == "queued", (
+            observed = lifecycle.observe_while_paused(s, m.budget, allowed={Kind.QUEUED})
+            assert observed.kind is Kind.QUEUED, (
                 f"{m.name} is still paused but the request sent to it {observed} once {first.name} "
                 f"resumed: {s.describe()}")
     resume_every(rest)

@@ -25,7 +25,7 @@ import os
 import pytest
 
 from vllm_rl_conformance.fixtures.checks import histories
-from vllm_rl_conformance.fixtures.driver import timeline
+from vllm_rl_conformance.fixtures.driver import history
 from vllm_rl_conformance.fixtures.driver.surfaces import HTTP_SURFACES
 
 TIMEOUT_S = 1500  # the test's bound: the generation budget on a slow server, then shrinking
@@ -61,7 +61,7 @@ def test_generated_histories_of_control_calls_and_requests_agree_with_the_refere
         except ValueError as exc:
             raise pytest.UsageError(f"--vllm-mbt-replay: {exc}") from None
         failure = histories.replay(run, steps)
-        timeline.show(run.picture)
+        history.show(run.picture)
         record_property("observed", f"replayed {len(steps)} steps: {failure or 'agreed with the model'}")
         assert failure is None, f"{failure}\nreplayed history:\n{histories.script(steps)}"
         return
@@ -70,7 +70,7 @@ def test_generated_histories_of_control_calls_and_requests_agree_with_the_refere
             f"{run.tokens} tokens per request")
     note(f"model-based test: {what} (replay: --vllm-mbt-seed {seed})")
     got = histories.search(run, seed, mbt.examples, mbt.steps, mbt.reproduce)
-    timeline.show(run.picture)  # the shortest failing history, else the last
+    history.show(run.picture)  # the shortest failing history, else the last
     if got.failure is None:
         record_property("observed", f"{what}: {got.histories} histories, {got.steps} steps agreed with the model "
                                     f"({got.seconds:.0f} s)")

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from vllm_rl_conformance.fixtures.checks import lifecycle, steps
+from vllm_rl_conformance.fixtures.driver.fate import Kind
 from vllm_rl_conformance.fixtures.driver.metrics import engine_state
 
 pytestmark = [
@@ -88,7 +89,7 @@ def test_a_second_abort_or_a_sleep_during_a_pause_returns_in_bounded_time_and_it
                         f"nothing was queued, so what {action.replace('-', ' ')} does to a queued request does not "
                         f"apply; sent again after resume it completed")
         return
-    if got == "queued":
+    if got.kind is Kind.QUEUED:
         steps.complete_held_or_resent(streams, late, budget)
     record_property("observed", ", ".join(log) + f" (bound {bound:.1f} s each); the queued request: {got}")
     key = "queued_request_on_" + action.replace("-", "_")

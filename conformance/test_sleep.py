@@ -16,6 +16,7 @@ from vllm_rl_conformance.fixtures.checks import steps
 from vllm_rl_conformance.fixtures.driver.capabilities import SLEEP_ON_CPU
 from vllm_rl_conformance.fixtures.driver.control import answered_200, error_locates_param, json_body
 from vllm_rl_conformance.fixtures.driver.client import SHORT_PROMPT
+from vllm_rl_conformance.fixtures.driver.fate import Kind
 from vllm_rl_conformance.fixtures.driver.metrics import SLEEP_GAUGE, sleep_gauge, sleep_gauge_reading
 
 pytestmark = [pytest.mark.conformance, pytest.mark.p1, pytest.mark.requires("sleep_routes"),
@@ -109,19 +110,6 @@ def test_sleep_with_an_invalid_level_or_mode_is_a_client_error_and_leaves_the_en
         f"the {r.status_code} body does not point at the query parameter {name!r}: {str(body)[:300]}")
 
 
-def fate_of_frozen(s) -> str:
-    """What became of a request frozen by pause(keep) once a sleep reached it: 'aborted' (ended
-    with finish_reason abort and its partial tokens), 'finished' (ran to its end), 'kept' (still
-    open, no new token), or how else it ended (never accepted: see the row)."""
-    if not s.done.is_set():
-        return "kept"
-    if s.error is None and s.finish_reason == "abort":
-        return "aborted"
-    if s.error is None and s.finish_reason == "length":
-        return "finished"
-    return f"ended: {s.describe()}"
-
-
 @pytest.mark.row("sleep.frozen-request",
                  "A request frozen by pause(keep) MUST never end without a finish_reason when the engine is put to "
                  "sleep; sleep's mode decides whether it is aborted, finished or kept (a version expectation), "
@@ -135,14 +123,16 @@ def test_sleep_on_a_server_paused_with_keep_ends_or_keeps_the_frozen_request_as_
     frozen_at = s.wait_quiet(budget.hold_s, budget.settle_s + budget.hold_s)
     took = control.sleep_ok(1, mode, timeout=budget.settle_s)
     s.wait_end(budget.hold_s, budget.settle_s)  # ended by the sleep, or still open once it went quiet
-    fate = fate_of_frozen(s)
-    assert not fate.startswith("ended:"), (
+    # aborted (finish_reason abort, partial tokens), finished (ran to its end), frozen (still open), or how
+    # else it ended (never accepted)
+    fate = s.observe(Kind.FROZEN, allowed={Kind.ABORTED, Kind.FINISHED, Kind.FROZEN}, by="sleep on a frozen request")
+    assert fate.kind in (Kind.ABORTED, Kind.FINISHED, Kind.FROZEN), (
         f"the request frozen at token {frozen_at} ended without a finish_reason when sleep(level=1, mode={mode}) "
-        f"reached it: {fate}")
+        f"reached it: {fate.describe()} ({s.describe()})")
     woke = wake_and_resume(control)
-    if fate == "kept":
+    if fate.kind is Kind.FROZEN:
         lc.assert_completed(s, budget, s.max_tokens)
-    elif fate == "aborted":
+    elif fate.kind is Kind.ABORTED:
         assert 0 < s.n_tokens < s.max_tokens, f"the aborted request delivered {s.n_tokens} tokens: {s.describe()}"
     record_property("observed", f"frozen at {frozen_at} tokens (pause(keep) returned at {at_pause}); "
                                 f"sleep(level=1, mode={mode}) answered after {took:.2f} s: the request {fate}; "

@@ -16,6 +16,7 @@ import pytest
 from vllm_rl_conformance.fixtures.checks import expectations as expectations_mod
 from vllm_rl_conformance.fixtures.checks import outcomes
 from vllm_rl_conformance.fixtures.driver.capabilities import HOW
+from vllm_rl_conformance.fixtures.driver.fate import Kind
 from vllm_rl_conformance.fixtures.tier2.swap_verdicts import classify, report
 from vllm_rl_conformance.fixtures.tier2.cpu_swap import BYTES, INPROCESS
 from vllm_rl_conformance.fixtures.tier2.weight_swap import assert_every_post_swap_token_matches, pictured, span_mismatches
@@ -44,8 +45,8 @@ def swap_expected(swap_runs, settings, note, record_property):
 
 def test_with_clear_cache_every_post_swap_token_equals_a_fresh_v2_engine(swap_runs, continuity_rule, record_property):
     run = swap_runs[True]
-    kinds = {v.record.kind for v in run.verdicts}
-    if "paused" not in kinds:
+    kinds = {v.record.fate.kind for v in run.verdicts}
+    if Kind.FROZEN not in kinds:
         outcomes.not_judged(f"no request was mid-generation at the swap ({report(run.verdicts, run.title)})")
     text = assert_every_post_swap_token_matches(run, continuity_rule)
     record_property("observed", text.replace("\n", " | "))
@@ -114,8 +115,8 @@ def test_the_weight_version_spans_of_each_request_change_exactly_at_its_swap_ind
     if on_generate and all(r.weight_versions is None for r in on_generate):  # a release before spans
         pytest.skip(f"capability missing: weight_version_spans: the server does not offer "
                     f"{HOW['weight_version_spans']} (its {len(on_generate)} generate answers carry none)")
-    with_spans = [r for r in run.phase1.records if r.weight_versions is not None and r.kind != "finished"]
-    if not any(r.kind == "paused" for r in with_spans):
+    with_spans = [r for r in run.phase1.records if r.weight_versions is not None and r.fate.kind is not Kind.FINISHED]
+    if not any(r.fate.kind is Kind.FROZEN for r in with_spans):
         outcomes.not_judged(f"no request on a surface with spans was swapped mid-generation "
                             f"({[(r.prompt_id, r.surface, r.kind) for r in run.phase1.records]})")
     problems = span_mismatches(run)
@@ -136,7 +137,7 @@ def test_in_process_form_every_post_swap_token_equals_a_fresh_v2_engine(cpu_swap
         pytest.skip(run)
     if isinstance(run, Exception):
         raise run
-    if not any(v.record.kind == "paused" for v in run.verdicts):
+    if not any(v.record.fate.kind is Kind.FROZEN for v in run.verdicts):
         outcomes.not_judged(f"no request was mid-generation at the swap ({report(run.verdicts, run.title)})")
     text = assert_every_post_swap_token_matches(run, continuity_rule)
     note(text)

@@ -178,7 +178,7 @@ BREAKS = [
     _b("partial-wake-wakes-fully", "/wake_up with tags (tags=weights) is forwarded without them: a full wake",
        Catch(SLEEP_TAGS, "a partial wake_up(tags=weights) left the engine awake")),
     _b("sleep-keep-aborts-frozen", "/sleep?mode=keep is forwarded as mode=abort: the frozen requests are aborted",
-       Catch(SLEEP_FROZEN, "observed 'aborted'; expected 'kept'")),
+       Catch(SLEEP_FROZEN, "observed 'aborted'; expected 'frozen'")),
     _b("wake-up-leaves-paused", "/wake_up is forwarded, then the proxy pauses the engine (pause(mode=keep)) "
        "before it answers: the scheduler stays paused", Catch(SLEEP_LEVELS, "and a full wake_up the engine is")),
     _b("is-sleeping-false-while-asleep", "GET /is_sleeping always answers false",

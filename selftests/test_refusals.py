@@ -10,7 +10,10 @@ import pytest
 
 from vllm_rl_conformance.fixtures.checks import expectations
 from vllm_rl_conformance.fixtures.checks import lifecycle as lc
+from vllm_rl_conformance.fixtures.driver import history
 from vllm_rl_conformance.fixtures.driver.client import Refusal
+from vllm_rl_conformance.fixtures.driver.fate import Kind
+from vllm_rl_conformance.fixtures.driver.surfaces import Sampling
 
 pytestmark = [pytest.mark.selftest, pytest.mark.timeout(10)]
 
@@ -30,23 +33,34 @@ def test_each_way_033_refuses_reads_as_refused_503_and_retryable():
     assert Refusal.from_error({"message": "m", "code": "engine_paused"}, Refusal.STREAM_EVENT).retryable
 
 
+class Recorded(SimpleNamespace):
+    """A request as its recorded events show it (history.Log), with what the judgment reads."""
+
+    def observe(self, *args, **kwargs):
+        return self.log.observe(*args, **kwargs)
+
+
 def stream(refusal=None, done=True, finish_reason=None, done_marker=True):
-    ended = threading.Event()
+    ended, log = threading.Event(), history.Log("sent-while-paused")
+    log.sent("completions", "http://127.0.0.1:1", Sampling(max_tokens=8), "prompt")
+    if refusal is not None:
+        log.refused(refusal)
     if done:
+        log.ended(0, finish_reason, None, refusal)
         ended.set()
-    return SimpleNamespace(name="sent-while-paused", first_token=threading.Event(), done=ended, refusal=refusal,
-                           error=None if refusal is None else RuntimeError("refused"), finish_reason=finish_reason,
-                           done_marker=done_marker, describe=lambda: "described")
+    return Recorded(name="sent-while-paused", first_token=threading.Event(), done=ended, refusal=refusal, log=log,
+                    error=None if refusal is None else RuntimeError("refused"), finish_reason=finish_reason,
+                    done_marker=done_marker, describe=lambda: "described")
 
 
 REFUSED_503 = Refusal(503, "ServiceUnavailableError", Refusal.STREAM_EVENT, MESSAGE)
 
 
 def test_a_held_request_s_fate_names_a_refusal_that_never_ended_and_a_lost_request():
-    assert lc.held_fate(stream(REFUSED_503)) == "refused 503"
-    assert lc.held_fate(stream(REFUSED_503, done=False)) == "refused 503, never ended"
-    assert lc.held_fate(stream()) == lc.LOST
-    assert lc.held_fate(stream(done=False)) == "queued"
+    assert lc.held_fate(stream(REFUSED_503)).word == "refused 503"
+    assert lc.held_fate(stream(REFUSED_503, done=False)).word == "refused 503, never ended"
+    assert lc.held_fate(stream()).kind is Kind.ENDED_BARE
+    assert lc.held_fate(stream(done=False)).word == "queued"
 
 
 def entry_033(tmp_path):

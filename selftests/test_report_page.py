@@ -4,7 +4,7 @@ opened from disk as a user opens a CI artifact. It must load without a console e
 many rows and verdicts as the JSON, draw a lifecycle row's requests, control calls, fates and
 the pause's effect at the times the JSON recorded, and its filters must hide the rows they
 should. A keep row made to fail (a proxy that turns keep into wait) must show tokens arriving
-after the pause took effect. Two broken pages (a row's SVG left out; a verdict count that
+after the pause took effect, and its failure drawn at the event its checker named. Two broken pages (a row's SVG left out; a verdict count that
 disagrees with the rows) must fail the same checks. Screenshots go to <report dir>/report-page/."""
 
 from __future__ import annotations
@@ -42,6 +42,10 @@ READ_SVG = """anchor => {
     spans: [...svg.querySelectorAll("rect.span")].map(r => ({x: +r.getAttribute("x"), w: +r.getAttribute("width"),
                                                            call: r.dataset.call})),
     effects: [...svg.querySelectorAll("line.effect")].map(l => +l.getAttribute("x1")),
+    observed: [...svg.querySelectorAll("text.observed")].map(t => ({event: +t.dataset.event, x: +t.getAttribute("x") - 3,
+                                                                    kind: t.dataset.kind})),
+    findings: [...svg.querySelectorAll("g.finding-at")].map(g => ({event: +g.dataset.event,
+      x: +/^M([\d.]+)/.exec(g.querySelector("path.finding").getAttribute("d"))[1] + 6, title: g.textContent})),
   };
 }"""
 
@@ -91,7 +95,7 @@ def check_counts(page, rep: dict) -> str:
 def check_timeline(page, row: dict) -> dict:
     """The row's SVG draws each request (its tokens, its fate), each control call and each pause
     effect at the time the JSON recorded: x = x0 + t * scale."""
-    tl = row["timeline"]
+    tl = row["history"]
     got = page.evaluate(READ_SVG, row["anchor"])
     assert got is not None, f"{row['id']}: the report records a timeline ({len(tl['lanes'])} requests) but the page " \
                             f"has no SVG for it"
@@ -183,7 +187,7 @@ def test_the_report_page_shows_the_rows_verdicts_and_timelines_of_a_real_run(bro
                                                                              record_property):
     rep, html = inner_report(real_run)
     keep = row_of(rep, KEEP)
-    assert keep["timeline"], f"the keep row recorded no timeline: {json.dumps(keep)[:500]}"
+    assert keep["history"], f"the keep row recorded no timeline: {json.dumps(keep)[:500]}"
     opened, counts = check_page(browser, html, rep, keep)
     try:
         page = opened.page
@@ -193,8 +197,8 @@ def test_the_report_page_shows_the_rows_verdicts_and_timelines_of_a_real_run(bro
         assert not opened.errors, f"the page raised {opened.errors}"
     finally:
         opened.close()
-    record_property("observed", f"{counts}; keep row: {len(keep['timeline']['lanes'])} lanes, "
-                                f"{len(keep['timeline']['controls'])} control calls at their times; "
+    record_property("observed", f"{counts}; keep row: {len(keep['history']['lanes'])} lanes, "
+                                f"{len(keep['history']['controls'])} control calls at their times; "
                                 f"{'; '.join(filtered)}; screenshot {shot}")
 
 
@@ -232,7 +236,7 @@ def test_the_timeline_of_a_failing_keep_row_shows_tokens_arriving_after_the_paus
     keep = row_of(rep, KEEP)
     assert keep["verdict"] == "fail", f"the keep row did not fail through keep-acts-like-wait: {keep['verdict']}, " \
                                       f"{keep['observed'][:300]}"
-    tl = keep["timeline"]
+    tl = keep["history"]
     assert tl, f"the failing keep row recorded no timeline: {keep['reason']}"
     effect = [m["at"] for m in tl["marks"] if m["kind"] == "pause_effect"]
     assert effect, f"the failing keep row recorded no pause effect: {tl['marks']}"
@@ -248,10 +252,21 @@ def test_the_timeline_of_a_failing_keep_row_shows_tokens_arriving_after_the_paus
         after = [float(x) for lane in got["lanes"] for s in lane["strokes"] for x in re.findall(r"M([\d.]+) ", s["d"])
                  if float(x) > x_effect]
         assert after, f"no token drawn after the pause took effect (x={x_effect}) in the failing keep row"
+        # The failure is drawn at the event its checker named: the observation that broke the row.
+        named = [f["event"] for f in keep["findings"]]
+        assert named and named[0] is not None, f"the failing keep row's verdict names no event: {keep['findings']}"
+        observed = {o["event"]: o for lane in tl["lanes"] for o in lane["observed"]}
+        assert named[0] in observed and not observed[named[0]]["ok"], (
+            f"the finding names event {named[0]}, not a check's observation it disallowed: {observed}")
+        drawn = {f["event"]: f for f in got["findings"]}
+        obs_x = {o["event"]: o["x"] for o in got["observed"]}
+        assert named[0] in drawn and abs(drawn[named[0]]["x"] - obs_x[named[0]]) <= PX, (
+            f"the failure is drawn at {drawn}; the JSON names event {named[0]}, observed at x={obs_x.get(named[0])}")
         shot = screenshots(settings) / "failing-keep-row.png"
         row.screenshot(path=str(shot))
         assert not opened.errors, f"the page raised {opened.errors}"
     finally:
         opened.close()
     record_property("observed", f"keep through keep-acts-like-wait: fail; {len(after)} tokens drawn after the pause "
-                                f"took effect at {min(effect):.2f} s; screenshot {shot}")
+                                f"took effect at {min(effect):.2f} s; failure drawn at event {named[0]} "
+                                f"({observed[named[0]]['text']}); screenshot {shot}")

@@ -15,8 +15,8 @@ def record(pid, swap_index, tokens):
     return SwapRecord(pid, [1, 2, 3], len(tokens), list(tokens), swap_index, "length")
 
 
-def test_a_record_is_paused_queued_or_finished_by_its_swap_index():
-    assert record("a", 3, [5, 6, 7, 8]).kind == "paused"
+def test_a_record_is_frozen_queued_or_finished_by_its_swap_index():
+    assert record("a", 3, [5, 6, 7, 8]).kind == "frozen"
     assert record("b", 0, [5, 6]).kind == "queued"
     assert record("c", 2, [5, 6]).kind == "finished"
     r = record("d", 3, [5, 6, 7, 8, 9])
@@ -36,11 +36,11 @@ def test_compare_skips_requests_that_finished_before_the_swap_and_the_report_nam
     verdicts = compare(records, {"p": [3, 9], "q": [7, 8]})
     assert [v.record.prompt_id for v in verdicts] == ["p", "q"]
     assert pass_rate(verdicts) == 0.5
-    assert (classify(verdicts, "paused"), classify(verdicts, "queued"), classify(verdicts, "finished")) == \
+    assert (classify(verdicts, "frozen"), classify(verdicts, "queued"), classify(verdicts, "finished")) == \
         ("stale", "fresh", None)
     text = report(verdicts, "run")
     assert "1/2 requests match fresh V2 (pass rate 50%)" in text
-    assert "p          paused   swap at token    2" in text and "first mismatch at token 3 (got [4], fresh V2 [9])" in text
+    assert "p          frozen   swap at token    2" in text and "first mismatch at token 3 (got [4], fresh V2 [9])" in text
 
 
 def test_the_runs_continuity_rule_reaches_the_tier2_verdicts_and_their_report():
