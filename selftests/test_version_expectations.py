@@ -20,7 +20,7 @@ import json
 import pytest
 
 from vllm_rl_conformance.fixtures.checks import expectations
-from vllm_rl_conformance.fixtures.results import report, rows
+from vllm_rl_conformance.fixtures.results import report, rows, verdict
 from vllm_rl_conformance.fixtures.results.markdown import to_markdown
 from vllm_rl_conformance.selftests.broken_server import ProxyThread
 from vllm_rl_conformance.selftests.inner import run_suite
@@ -104,7 +104,8 @@ def test_every_known_bug_in_the_expectations_file_names_a_row_a_test_states():
 def test_a_failed_row_the_entry_names_a_known_bug_says_which_bug_and_stays_a_failure():
     test = rows.test_id("lifecycle.abort", "generate")
     row = {"id": test, "area": "a", "markers": [], "outcome": "failed", "reason": "finish_reason=None", "observed": "",
-           "checks": [], "duration": 0.1, "surface": "generate", "server": "http://s"}
+           "checks": [], "duration": 0.1, "surface": "generate", "server": "http://s",
+           "verdict": verdict.judge("failed", [], reason="finish_reason=None").as_dict()}
     server = {"url": "http://s", "how": "launched", "label": "", "expectations": {"bugs": {
         "lifecycle.abort[generate]": "vllm#47933"}}}
     rep = report.build(rows=[row, row | {"server": "http://other"}], servers=[server], notes=[], exit_status=1,
@@ -129,8 +130,10 @@ def test_a_version_no_entry_covers_borrows_the_newest_entry_and_cites_none_of_it
     c = e.check("invalid_mode_status", e.want("invalid_mode_status")).as_dict()
     assert c["borrowed_for"] == "9.1.0", c
     row = {"id": TARGETS[0], "area": "a", "markers": [], "outcome": "passed", "reason": "", "observed": "answered",
-           "checks": [c], "duration": 0.1, "surface": None, "server": "http://s"}
-    rep = report.build(rows=[row, row | {"id": "x", "checks": []}], servers=[], notes=[], exit_status=0, started=0,
+           "checks": [c], "duration": 0.1, "surface": None, "server": "http://s",
+           "verdict": verdict.judge("passed", [c]).as_dict()}
+    rep = report.build(rows=[row, row | {"id": "x", "checks": [], "verdict": verdict.judge("passed", []).as_dict()}],
+                       servers=[], notes=[], exit_status=0, started=0,
                        strict=False, attach=False, args=[], expectations_file="e.json")
     assert rep["rows"][0]["observed"].startswith("JUDGED BY A BORROWED ENTRY: no entry covers vLLM 9.1.0"), rep["rows"][0]
     assert rep["rows"][1]["observed"] == "answered" and rep["totals"]["borrowed"] == 1, rep
