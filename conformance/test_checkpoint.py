@@ -9,7 +9,6 @@ from its source until a GPU measures them, and the report says so. Every row end
 awake and resumed.
 """
 
-import time
 
 import pytest
 
@@ -18,6 +17,7 @@ from vllm_rl_conformance.fixtures.checks.expectations import assert_expected as 
 from vllm_rl_conformance.fixtures.checks import steps
 from vllm_rl_conformance.fixtures.driver.client import SHORT_PROMPT
 from vllm_rl_conformance.fixtures.driver.control import answered_200
+from vllm_rl_conformance.fixtures.driver.timing import wait_until
 
 pytestmark = [pytest.mark.conformance, pytest.mark.p1, pytest.mark.requires("checkpoint_routes"),
               pytest.mark.area("P1 checkpoint"), pytest.mark.effects("pauses", "aborts", "sleeps")]
@@ -49,12 +49,14 @@ def restore(control, timeout: float):
 def until_settled(control, limit_s: float) -> tuple[int, str]:
     """GET /checkpoint/status until it stops answering 'preparing' (200 prepared, 500 failed) or
     `limit_s` passed: prepare returns once the drain started."""
-    deadline = time.monotonic() + limit_s
-    while True:
-        code, state = status(control)
-        if state != "preparing" or time.monotonic() >= deadline:
-            return code, state
-        time.sleep(POLL_S)
+    last = []
+
+    def settled() -> bool:
+        last[:] = [status(control)]
+        return last[0][1] != "preparing"
+
+    wait_until(settled, limit_s, interval=POLL_S)
+    return last[0]
 
 
 def prepared(control, mode: str, limit_s: float) -> str:

@@ -3,14 +3,13 @@ pause(keep) and pause(abort) must each return within a bound derived from the se
 measured speed, in every one of 20 cycles; p50 / p99 are reported (`make bench`)."""
 
 import statistics
-import time
 
 import pytest
 
 from vllm_rl_conformance.fixtures.checks import lifecycle, outcomes
 from vllm_rl_conformance.fixtures.driver.client import SHORT_PROMPT
 from vllm_rl_conformance.fixtures.driver.metrics import engine_state
-from vllm_rl_conformance.fixtures.driver.timing import cpu_wait_s
+from vllm_rl_conformance.fixtures.driver.timing import cpu_wait_s, wait_until
 
 # 20 cycles of 8 new streams each: ~6 s here, bounded above pytest.ini's 120 s for slow servers.
 pytestmark = [
@@ -63,19 +62,19 @@ def stream_tokens(control, model, budget, factor):
 def eight_in_flight(streams, running, tokens, budget, name):
     """Returns STREAMS streams that all have their first token and none has finished: a stream
     that finished before the others arrived is replaced until all are in flight together."""
-    deadline = time.monotonic() + 3 * budget.finish_s(tokens)
-    started = 0
-    while True:
-        running = [s for s in running if not s.done.is_set()]
+    running, started = list(running), [0]
+
+    def together() -> bool:
+        running[:] = [s for s in running if not s.done.is_set()]
         while len(running) < STREAMS:
-            started += 1
-            running.append(streams(SHORT_PROMPT, tokens, name=f"{name}-{started}"))
-        if all(s.first_token.is_set() for s in running) and not any(s.done.is_set() for s in running):
-            return running
-        if time.monotonic() > deadline:
-            outcomes.not_judged(f"{STREAMS} streams were never in flight together within "
-                                f"{3 * budget.finish_s(tokens):.0f} s: " + "; ".join(s.describe() for s in running))
-        time.sleep(0.01)
+            started[0] += 1
+            running.append(streams(SHORT_PROMPT, tokens, name=f"{name}-{started[0]}"))
+        return all(s.first_token.is_set() for s in running) and not any(s.done.is_set() for s in running)
+
+    if not wait_until(together, 3 * budget.finish_s(tokens), interval=0.01):
+        outcomes.not_judged(f"{STREAMS} streams were never in flight together within "
+                            f"{3 * budget.finish_s(tokens):.0f} s: " + "; ".join(s.describe() for s in running))
+    return running
 
 
 @pytest.mark.row("regression.keep-latency",

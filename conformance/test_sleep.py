@@ -125,7 +125,7 @@ def test_sleep_on_a_server_paused_with_keep_ends_or_keeps_the_frozen_request_as_
     s.wait_end(budget.hold_s, budget.settle_s)  # ended by the sleep, or still open once it went quiet
     # aborted (finish_reason abort, partial tokens), finished (ran to its end), frozen (still open), or how
     # else it ended (never accepted)
-    fate = s.observe(Kind.FROZEN, allowed={Kind.ABORTED, Kind.FINISHED, Kind.FROZEN}, by="sleep on a frozen request")
+    fate = s.observe(Kind.FROZEN, allowed={Kind.ABORTED, Kind.FINISHED, Kind.FROZEN}, by="sleep on a frozen request").fate
     assert fate.kind in (Kind.ABORTED, Kind.FINISHED, Kind.FROZEN), (
         f"the request frozen at token {frozen_at} ended without a finish_reason when sleep(level=1, mode={mode}) "
         f"reached it: {fate.describe()} ({s.describe()})")

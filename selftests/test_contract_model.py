@@ -23,7 +23,7 @@ def frozen_then_slept(clear_cache, mode: str, between=()) -> frozenset[str]:
     m = model()
     m.start("r", "completions", 0, 100)
     m.pause("keep", clear_cache)
-    m.requests["r"].state, m.requests["r"].allowed = cm.FROZEN, frozenset()  # the server showed it frozen
+    m.observe("r", cm.FROZEN)  # the server showed it frozen
     for pause_mode, clear in between:
         m.pause(pause_mode, clear)
     m.sleep(1, mode)
@@ -97,3 +97,17 @@ def test_a_request_seen_frozen_is_finished_only_by_the_engine_having_made_its_to
     m.start("s", "completions", 0, 10)
     with pytest.raises(AssertionError):
         m.finished_before_keep("s")  # never seen frozen: running requests may finish anyway
+
+
+def test_a_request_holds_only_its_outcomes_and_refusing_follows_from_the_pause_mode_and_the_entry():
+    m = cm.ContractModel(lambda key, mode: {"abort": "refused 503"}.get(mode) if key == "request_while_paused" else None)
+    m.start("r", "completions", 0, 100)
+    assert m.requests["r"].outcomes() == {cm.RUNNING, cm.FINISHED} and m.requests["r"].state == cm.RUNNING
+    m.pause("keep")
+    assert m.requests["r"].outcomes() == {cm.FROZEN, cm.FINISHED} and m.refusal is None
+    m.pause("abort")
+    assert m.refusal.word == "refused 503"
+    m.sleep(1, "keep")  # a sleep's own pause leaves the policy as the last pause call set it
+    assert m.refusal.word == "refused 503"
+    m.wake_up("")
+    assert m.refusal is None and not m.paused

@@ -119,7 +119,7 @@ def a_failing_keep_row():
         history.mark("pause_effect", row.t0 + 0.001, "pause(mode=keep) took effect in the engine")
         s.ended(3, "abort", None)
         mark = history.position()
-        fate = s.observe(Kind.FROZEN, allowed={Kind.FROZEN}, by="pause(keep)")
+        fate = s.observe(Kind.FROZEN, allowed={Kind.FROZEN}, by="pause(keep)").fate
         named = history.failing_observation_since(mark)
         s.tokens(0)
     finally:
