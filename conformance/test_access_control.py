@@ -12,6 +12,7 @@ import pytest
 import requests
 
 from vllm_rl_conformance.fixtures.checks import outcomes
+from vllm_rl_conformance.fixtures.checks.expectations import require
 from vllm_rl_conformance.fixtures.driver.control import CONTROL_TIMEOUT
 
 pytestmark = [
@@ -51,7 +52,6 @@ def test_a_server_started_with_an_api_key_refuses_control_calls_made_without_it(
     observed = "guarded" if not open_ else "unguarded" if not refused else f"partly guarded: open {', '.join(open_)}"
     record_property("observed", f"without the key: GET /v1/models {inference}; "
                                 + ", ".join(f"{call} {status}" for call, status in statuses.items()))
-    check = expected.check("control_routes_without_api_key", observed)
-    assert check.matches, (
-        f"control routes without the API key: {observed} ({', '.join(f'{c} {s}' for c, s in present.items())}), "
-        f"while GET /v1/models answered 401; expected {check.expected!r} ({expected.source('control_routes_without_api_key')})")
+    require(expected, "control_routes_without_api_key", observed,
+            f"control routes without the API key: {observed} ({', '.join(f'{c} {s}' for c, s in present.items())}), "
+            f"while GET /v1/models answered 401")

@@ -6,6 +6,7 @@ framework wording is never matched.
 """
 
 import pytest
+from vllm_rl_conformance.fixtures.checks.expectations import require
 from vllm_rl_conformance.fixtures.driver.control import answered_200, error_locates_param
 
 INVALID_MODE = "not-a-mode"
@@ -35,10 +36,8 @@ def test_pause_with_an_invalid_mode_is_a_client_error_and_leaves_the_state_uncha
         body = r.text[:300]
     record_property("observed", f"HTTP {r.status_code}, is_paused {initially_paused} -> {after}")
 
-    check = expected.check("invalid_mode_status", r.status_code)
-    assert check.matches, (
-        f"pause(mode={INVALID_MODE!r}) answered {r.status_code}; expected {check.expected} "
-        f"({expected.source('invalid_mode_status')}). Body: {str(body)[:300]}")
+    require(expected, "invalid_mode_status", r.status_code, f"pause(mode={INVALID_MODE!r}) answered {r.status_code}",
+            then=f". Body: {str(body)[:300]}")
     assert after is initially_paused, (
         f"pause(mode={INVALID_MODE!r}) changed is_paused from {initially_paused} to {after}")
     assert error_locates_param(body, "mode"), (

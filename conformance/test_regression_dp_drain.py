@@ -15,6 +15,7 @@ import time
 import pytest
 
 from vllm_rl_conformance.fixtures.checks import lifecycle, steps
+from vllm_rl_conformance.fixtures.checks.expectations import require
 from vllm_rl_conformance.fixtures.driver.fate import Kind
 from vllm_rl_conformance.fixtures.driver.metrics import engine_state
 
@@ -93,6 +94,4 @@ def test_a_second_abort_or_a_sleep_during_a_pause_returns_in_bounded_time_and_it
         steps.complete_held_or_resent(streams, late, budget)
     record_property("observed", ", ".join(log) + f" (bound {bound:.1f} s each); the queued request: {got}")
     key = "queued_request_on_" + action.replace("-", "_")
-    check = expected.check(key, got)
-    assert check.matches, (f"after {action.replace('-', ' ')} the request queued during the pause is {got!r}; "
-                           f"expected {check.expected!r} ({expected.source(key)})")
+    require(expected, key, got, f"after {action.replace('-', ' ')} the request queued during the pause is {got!r}")

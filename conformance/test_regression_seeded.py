@@ -14,6 +14,7 @@ shared one down; what a release does is its expectations entry (`seeded_chunked_
 
 import pytest
 
+from vllm_rl_conformance.fixtures.checks.expectations import require
 from vllm_rl_conformance.fixtures.driver import model_builder
 from vllm_rl_conformance.fixtures.checks import outcomes
 from vllm_rl_conformance.fixtures.driver.client import request_once
@@ -64,10 +65,8 @@ def test_a_seeded_request_whose_prompt_is_prefilled_in_chunks_completes_and_the_
         record_property("observed", f"{prompt_tokens}-token prompt, --max-num-batched-tokens {BATCH_TOKENS}: "
                                     f"without a seed {unseeded.describe()}; with seed {SEED}: {answered}; "
                                     f"{observed}{cause}")
-        check = expected.check("seeded_chunked_prefill", observed)
-        assert check.matches, (
-            f"a seeded request with a {prompt_tokens}-token prompt (prefilled {BATCH_TOKENS} tokens per step): "
-            f"the engine {'survived' if alive else 'died'}{cause} (the request: {answered}); expected "
-            f"{check.expected!r} ({expected.source('seeded_chunked_prefill')})")
+        require(expected, "seeded_chunked_prefill", observed,
+                f"a seeded request with a {prompt_tokens}-token prompt (prefilled {BATCH_TOKENS} tokens per step): "
+                f"the engine {'survived' if alive else 'died'}{cause} (the request: {answered})")
     finally:
         srv.stop()

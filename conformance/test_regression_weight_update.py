@@ -11,6 +11,7 @@
 
 import pytest
 
+from vllm_rl_conformance.fixtures.checks.expectations import require
 from vllm_rl_conformance.fixtures.driver import model_builder
 from vllm_rl_conformance.fixtures.driver.client import SHORT_PROMPT, complete, prompt_longer_than_a_cache_block
 from vllm_rl_conformance.fixtures.driver.control import answered_200
@@ -45,10 +46,8 @@ class Calls:
         assert r.status_code >= 400, (
             f"{label} (POST {path}) answered {r.status_code}: a call out of order was accepted. "
             f"Calls so far: {'; '.join(self.log)}")
-        check = expected.check("refused_weight_update_status", status_class(r.status_code))
-        assert check.matches, (
-            f"{label} (POST {path}) was refused with {r.status_code}; expected "
-            f"{check.expected} ({expected.source('refused_weight_update_status')}). Body: {r.text[:200]}")
+        require(expected, "refused_weight_update_status", status_class(r.status_code),
+                f"{label} (POST {path}) was refused with {r.status_code}", then=f". Body: {r.text[:200]}")
         return r
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from vllm_rl_conformance.fixtures.checks import expectations as expectations_mod
 from vllm_rl_conformance.fixtures.checks import outcomes
+from vllm_rl_conformance.fixtures.checks.expectations import require
 from vllm_rl_conformance.fixtures.driver.capabilities import HOW
 from vllm_rl_conformance.fixtures.driver.fate import Kind
 from vllm_rl_conformance.fixtures.tier2.swap_verdicts import classify, report
@@ -63,11 +64,9 @@ def test_which_post_swap_tokens_come_from_the_new_weights_follows_the_version_ex
     missing = [kind for kind, got in seen.items() if got is None]
     if missing:
         outcomes.not_judged(f"the run had no {missing} request: {report(run.verdicts, run.title)}")
-    check = swap_expected.check(key, seen)
-    assert check.matches, (
-        f"{run.title}: observed {seen}, expected {want} ({swap_expected.source(key)}); "
-        f"'fresh' = every post-swap token equals fresh V2, 'stale' = some differ.\n"
-        f"{report(run.verdicts, run.title)}")
+    require(swap_expected, key, seen, f"{run.title}: observed {seen}",
+            then=f"; 'fresh' = every post-swap token equals fresh V2, 'stale' = some differ.\n"
+                 f"{report(run.verdicts, run.title)}")
 
 
 def test_after_every_swap_and_restore_the_served_weights_are_byte_for_byte_the_set_sent(

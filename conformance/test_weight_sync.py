@@ -20,6 +20,7 @@ import threading
 
 import pytest
 
+from vllm_rl_conformance.fixtures.checks.expectations import require
 from vllm_rl_conformance.fixtures.driver.capabilities import SLEEP_ON_CPU
 from vllm_rl_conformance.fixtures.driver.client import request_once
 from vllm_rl_conformance.fixtures.driver.metrics import metric_samples, metric_total
@@ -219,9 +220,8 @@ def test_the_colocated_loop_sleep_update_wake_serves_the_sent_weights_and_an_upd
             f"an update sent after wake_up(tags=weights) was refused: {refused.text()} ({refused.body}); "
             f"calls: {'; '.join(sync.log)}")
     else:
-        check = expected.check("weight_update_while_asleep", observed)
-        assert check.matches, (f"an update sent while fully asleep (level 2): {observed}; expected {check.expected!r} "
-                               f"({expected.source(check.key)}); calls: {'; '.join(sync.log)}")
+        require(expected, "weight_update_while_asleep", observed, f"an update sent while fully asleep (level 2): "
+                                                                  f"{observed}", then=f"; calls: {'; '.join(sync.log)}")
     assert after == want, (
         f"after the colocated loop the engine answers {after}; {'a fresh engine on the sent weights' if observed == 'accepted' else 'V1, the weights it had'} "
         f"answers {want}: calls: {'; '.join(sync.log)}")
@@ -272,9 +272,8 @@ def test_the_weight_update_metrics_count_every_call_and_end_with_none_in_flight(
     assert in_flight and not any(in_flight.values()), (
         f"{IN_FLIGHT_METRIC} after the swaps: {in_flight or 'no sample'}; expected 0 for every operation")
     assert refused.status is not None and refused.status != 200, f"finish without start answered {refused.status}"
-    check = expected.check("refused_weight_update_call_counted", observed)
-    assert check.matches, (f"a refused /finish_weight_update ({refused.status}) was {observed} in {WEIGHT_METRIC}; "
-                           f"expected {check.expected!r} ({expected.source(check.key)})")
+    require(expected, "refused_weight_update_call_counted", observed,
+            f"a refused /finish_weight_update ({refused.status}) was {observed} in {WEIGHT_METRIC}")
 
 
 def test_a_trainer_killed_mid_send_gets_an_error_in_bounded_time_and_resume_serves_one_weight_set(
@@ -300,16 +299,15 @@ def test_a_trainer_killed_mid_send_gets_an_error_in_bounded_time_and_resume_serv
     assert update.status is not None and update.status != 200 and took <= bound, (
         f"/update_weights with a trainer that died mid-send answered {update.status} after {took:.1f} s; expected an "
         f"error within {bound:.0f} s (the backend's timeout {TRANSFER_TIMEOUT_S:.0f} s + 10 s)")
-    check = expected.check("trainer_death_update_status", status_class(update.status))
-    assert check.matches, f"/update_weights answered {update.status}; expected {expected.source(check.key)}"
+    require(expected, "trainer_death_update_status", status_class(update.status),
+            f"/update_weights answered {update.status}")
     if served != "not read":
         observed = "one set" if served in ("v1", "v2") else served
-        check = expected.check("weights_after_trainer_death", observed)
-        assert check.matches, (f"after the trainer died mid-send the served weights are {served}: {detail}; expected "
-                               f"{check.expected!r} ({expected.source(check.key)}); calls: {'; '.join(sync.log)}")
-    check = expected.check("resume_after_trainer_death", fate.split(":")[0])
-    assert check.matches, (f"after the trainer died mid-send and resume: {fate}; expected {check.expected} "
-                           f"({expected.source(check.key)})")
+        require(expected, "weights_after_trainer_death", observed,
+                f"after the trainer died mid-send the served weights are {served}: {detail}",
+                then=f"; calls: {'; '.join(sync.log)}")
+    require(expected, "resume_after_trainer_death", fate.split(":")[0],
+            f"after the trainer died mid-send and resume: {fate}")
 
 
 def resume_fate(sync: SyncSession, control, fresh_v2_tokens) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pytest
 
+from vllm_rl_conformance.fixtures.checks.expectations import require
 from vllm_rl_conformance.fixtures.driver.weights import WeightChecker
 from vllm_rl_conformance.fixtures.tier2.sync_fixtures import (  # noqa: F401 - the module's fixtures
     _each_test_on_a_fit_session, baselines, fresh_v2_tokens, sync, weights)
@@ -56,8 +57,7 @@ def test_the_protocol_split_across_api_servers_swaps_the_weights_of_every_worker
                                      version="front-ends-v1")
     record_property("observed", f"{workers} workers, group of {workers + 1}; {ROUNDS} rounds, each call on a fresh "
                                 f"connection: {observed}; calls: {'; '.join(sync.log)}")
-    check = expected.check("weight_sync_across_front_ends", observed)
-    assert check.matches, (f"the protocol sent through {capabilities.api_server_count} API servers to {workers} "
-                           f"workers: {observed}; expected {check.expected!r} ({expected.source(check.key)}); "
-                           f"calls: {'; '.join(sync.log)}")
+    require(expected, "weight_sync_across_front_ends", observed,
+            f"the protocol sent through {capabilities.api_server_count} API servers to {workers} workers: {observed}",
+            then=f"; calls: {'; '.join(sync.log)}")
     assert unrestored is None, f"after the rounds V1 could not be sent back: {unrestored}; calls: {'; '.join(sync.log)}"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import pytest
 
+from vllm_rl_conformance.fixtures.checks.expectations import require
 from vllm_rl_conformance.fixtures.driver.weights import WeightChecker
 from vllm_rl_conformance.fixtures.tier2.sync_fixtures import (  # noqa: F401 - the module's fixtures
     _each_test_on_a_fit_session, baselines, fresh_v2_tokens, sync, weights)
@@ -104,9 +105,7 @@ def test_a_malformed_update_is_refused_and_the_server_keeps_serving_its_weights(
         parts.append("engine dies")
     observed = ", ".join(parts)
     record_property("observed", f"{FAULTS[fault]}: {observed}; calls: {'; '.join(sync.log)}")
-    check = expected.check("weight_update_fault", observed, mode=fault)
-    assert check.matches, (f"weight_update_fault[{fault}]: observed {observed!r} ({expected.source(check.key, fault)}); "
-                           f"the update sent {FAULTS[fault]}; "
-                           f"calls: {'; '.join(sync.log)}")
+    require(expected, "weight_update_fault", observed, f"weight_update_fault[{fault}]: observed {observed!r}", fault,
+            then=f"; the update sent {FAULTS[fault]}; calls: {'; '.join(sync.log)}")
 
 

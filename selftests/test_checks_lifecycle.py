@@ -31,9 +31,9 @@ def tokens(log, *per_sample, at=None):
     log.tokens(sum(per_sample), range(sum(per_sample)), at=at, samples=per_sample)
 
 
-def end(log, reason, per_sample=(), error=None, refusal=None, done_marker=True, spans=None):
+def end(log, reason, per_sample=(), error=None, refusal=None, done_marker=True, spans=None, reasons=()):
     per_sample = tuple(per_sample)
-    log.ended(sum(per_sample), reason, error, refusal, per_sample, done_marker, None, spans)
+    log.ended(sum(per_sample), reason, error, refusal, per_sample, done_marker, None, spans, reasons)
 
 
 def reading(log, allowed, open_as=Kind.RUNNING, held_from=None, by="after pause(abort)"):
@@ -69,8 +69,10 @@ def test_an_abort_with_partial_output_and_done_passes():
     (aborted_with((MAX,)), "delivered 8 tokens; expected its partial output (1..7)"),
     (aborted_with((0,)), "delivered 0 tokens; expected its partial output"),
     (aborted_with((3, 0), "abort", n=2), "partial output in every sample"),
+    (aborted_with((3, 4), "abort/length", n=2, reasons=("abort", "length")),
+     "expected finish_reason 'abort' in every sample"),
     (aborted_with((1,), None, error="RuntimeError: reset"), "ended with an error instead of a final chunk"),
-], ids=["finished", "no-done", "every-token", "no-token", "a-sample-empty", "errored"])
+], ids=["finished", "no-done", "every-token", "no-token", "a-sample-empty", "a-sample-not-aborted", "errored"])
 def test_an_abort_fails_on_each_way_it_can_go_wrong(log, words):
     assert words in one(judged("aborted", log, reading(log, {Kind.ABORTED})))
 
@@ -116,7 +118,7 @@ def test_a_request_that_completes_in_full_passes_streamed_or_not():
     (completed_with((2,), None, error="RuntimeError: reset"), "failed:"),
     (completed_with((5,), "stop"), "did not complete normally"),
     (completed_with((MAX, 5), "length", n=2), "in each of its 2 samples"),
-    (completed_with((3,), "abort"), "expected finish_reason 'length' after 8 tokens"),
+    (completed_with((3,), "abort"), "expected it finished normally: finish_reason 'length' after 8 tokens"),
     (completed_with(done_marker=False), "completed but its stream was not closed with data: [DONE]"),
 ], ids=["refused", "errored", "stopped-early", "a-sample-short", "aborted", "no-done"])
 def test_a_request_that_must_complete_fails_on_each_way_it_did_not(log, words):
@@ -202,6 +204,36 @@ def test_weight_version_spans_must_partition_the_tokens_and_start_where_expected
     assert judged("spans", generated(None), reading(generated(None), {Kind.FINISHED})) == []  # none reported
 
 
+# -- resend completes, usage counts, drains ----------------------------------------------------------
+
+def test_a_request_refused_again_when_sent_after_resume_fails_as_a_refusal_that_outlasted_the_pause():
+    again = request(name="resent-after-resume")
+    end(again, None, (0,), refusal=REFUSED_503)
+    r = reading(again, {Kind.FINISHED}, by=rules.RESENT)
+    found = rules.run(["resend completes", "completes"], rules.moment(again.events, r))
+    assert "again when sent after resume answered 200: the refusal outlasted the pause" in found[0].text
+    done = completed_with()
+    assert judged("resend completes", done, reading(done, {Kind.FINISHED}, by=rules.RESENT)) == []
+
+
+def test_usage_must_count_the_tokens_delivered():
+    log = request()
+    tokens(log, MAX)
+    log.ended(MAX, "length", None, None, (MAX,), True, MAX - 1)
+    assert "usage.completion_tokens is 7 but 8 tokens were streamed" in one(
+        judged("usage counts", log, reading(log, {Kind.FINISHED})))
+    assert judged("usage counts", completed_with(), reading(completed_with(), {Kind.FINISHED})) == []
+
+
+def test_the_engine_drains_when_its_last_readings_of_the_server_say_nothing_runs_or_waits():
+    def samples(*values, server=URL):
+        return [history.Sample(i, 0.0, what, v, server) for i, (what, v) in enumerate(values)]
+    assert rules.drains(samples(("running", 1.0), ("waiting", 0.0), ("running", 0.0))) == []
+    assert "still reports running=1, waiting=0: a request was restarted or leaked" in one(
+        rules.drains(samples(("running", 0.0), ("running", 1.0), ("waiting", 0.0)), server=URL))
+    assert rules.drains(samples(("running", 2.0), server="http://other"), server=URL) == []
+
+
 # -- the engine's count, findings, the registry ------------------------------------------------------
 
 def test_requests_seen_to_finish_beyond_the_engine_s_count_are_named():
@@ -221,7 +253,8 @@ def test_a_finding_fails_the_step_at_the_reading_it_is_about():
 
 
 def test_every_rule_the_module_names_is_registered_once():
-    named = {"aborted", "completes", "not lost", "refusal retryable", "held", "spans"}
+    named = {"aborted", "completes", "resend completes", "not lost", "refusal retryable", "held", "usage counts",
+             "spans", "drains"}
     assert named == set(rules.CHECKS)
     for name in named:
         assert f"- {name}:" in rules.__doc__, name

@@ -2,9 +2,10 @@
 kills it (fixtures/checks/hazards.py). The server here prefills at most BATCH_TOKENS tokens per
 step, fewer than the suite's short prompt: every prefill of a seeded request is split, and on a
 release with regression.seeded-chunked-prefill that kills the engine. Against it, in attach mode,
-the keep-continuity cycles leave the seeded sampled member out, naming the bug, and the server
-is alive at the end with no row "not run". With the guard broken on purpose
-(selftests/no_seeded_guard.py) the same run kills the engine, and its failure names that bug as
+the seeded requests are not sent (the keep-continuity cycles leave the seeded sampled member
+out, and the send path vetoes any seeded request whose prefill may be split), each skip naming
+the bug, and the server is alive at the end with no row "not run". With the guards broken on
+purpose (selftests/no_seeded_guard.py) the same run kills the engine, and its failure names that bug as
 the likely cause. The rule itself is checked without a server, case by case."""
 
 import pytest
