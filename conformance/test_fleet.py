@@ -164,7 +164,7 @@ def test_resuming_one_server_releases_only_the_work_sent_to_that_server(
                         + ", ".join(f"{m.name}: {p}" for m, p in zip(rest, still)))
     for m, (s, _) in zip(rest, held[1:]):
         if s is not None:
-            observed = lifecycle.observe_while_paused(s, m.budget, allowed={Kind.QUEUED})
+            observed = lifecycle.observe_while_paused(s, m.budget, allowed={Kind.QUEUED}).fate
             assert observed.kind is Kind.QUEUED, (
                 f"{m.name} is still paused but the request sent to it {observed} once {first.name} "
                 f"resumed: {s.describe()}")

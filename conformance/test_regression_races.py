@@ -14,6 +14,7 @@ import pytest
 from vllm_rl_conformance.fixtures.checks import lifecycle, steps
 from vllm_rl_conformance.fixtures.driver.client import SHORT_PROMPT
 from vllm_rl_conformance.fixtures.driver.control import ControlPlane, answered_200
+from vllm_rl_conformance.fixtures.driver.fate import Kind
 
 pytestmark = [
     pytest.mark.conformance, pytest.mark.regression, pytest.mark.area("Regression: racing pause and resume"),
@@ -82,7 +83,9 @@ def test_two_pauses_racing_both_return_and_every_request_ends(
     ended = []
     for s in in_flight:
         s.join(budget.finish_s(concurrent=2))
-        assert s.error is None and s.finish_reason in ("abort", "length"), f"{s.name} did not end cleanly: {s.describe()}"
+        ended_as = s.observe(allowed={Kind.ABORTED, Kind.FINISHED}, by="racing pauses")
+        assert ended_as.ok and ended_as.fate.reason in ("abort", "length"), (
+            f"{s.name} did not end cleanly: {ended_as.seen}")
         if modes == ("keep", "keep"):
             lifecycle.assert_completed(s, budget, budget.long_tokens, concurrent=2)
         ended.append(f"{s.finish_reason} after {s.n_tokens}")

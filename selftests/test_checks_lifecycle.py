@@ -265,3 +265,14 @@ def test_findings_that_are_all_not_judged_leave_the_row_not_judged():
         rules.fail_on([rules.Finding("void trials", "every trial was void", kind=rules.NOT_JUDGED)])
     with pytest.raises(AssertionError, match="broken"):
         rules.fail_on([rules.Finding("void trials", "void", kind=rules.NOT_JUDGED), rules.Finding("aborted", "broken")])
+
+
+def test_a_request_s_rollout_is_read_from_its_recorded_tokens_sample_by_sample():
+    log = request(n=2)
+    log.tokens(3, [1, 2, 7], samples=(2, 1), rollout=(((1, 2), (-0.1, -0.2), ({1: -0.1}, {2: -0.2})),
+                                                       ((7,), (-0.7,), ({7: -0.7},))))
+    log.tokens(1, [3], samples=(1, 0), rollout=(((3,), (-0.3,), ({3: -0.3},)), ((), (), ())))
+    first, second = rules.rollouts(log.events, 2)
+    assert (list(first.token_ids), list(first.logprobs)) == ([1, 2, 3], [-0.1, -0.2, -0.3])
+    assert (list(second.token_ids), second.top_logprobs) == ([7], [{7: -0.7}])
+    assert [list(r.token_ids) for r in rules.rollouts(request().events, 1)] == [[]]  # nothing arrived
