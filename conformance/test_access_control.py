@@ -9,10 +9,10 @@ the key, and reads their status; a route the server does not have (404) is left 
 """
 
 import pytest
-import requests
 
 from vllm_rl_conformance.fixtures.checks import outcomes
 from vllm_rl_conformance.fixtures.checks.expectations import require
+from vllm_rl_conformance.fixtures.driver import web
 from vllm_rl_conformance.fixtures.driver.control import CONTROL_TIMEOUT
 
 pytestmark = [
@@ -29,8 +29,8 @@ HARMLESS_CONTROL_CALLS = [("GET", "/is_paused"), ("GET", "/is_sleeping"), ("GET"
 
 
 def keyless(url: str, method: str, path: str) -> int:
-    with requests.Session() as bare:  # the suite's sessions carry the key: this one carries none
-        return bare.request(method, url + path, timeout=CONTROL_TIMEOUT, headers={"Connection": "close"}).status_code
+    with web.client() as bare:  # the suite's clients carry the key: this one carries none
+        return bare.request(method, url + path, timeout=CONTROL_TIMEOUT).status_code
 
 
 @pytest.mark.row("access.control-routes-need-the-key",

@@ -12,9 +12,9 @@ mode the attached server is used if /server_info reports two or more API servers
 import time
 
 import pytest
-import requests
 
 from vllm_rl_conformance.fixtures.checks import lifecycle, steps
+from vllm_rl_conformance.fixtures.driver import web
 from vllm_rl_conformance.fixtures.driver.control import CONTROL_TIMEOUT
 
 CONNECTIONS = 8  # fresh connections per check: the chance all land on one of 2 front-ends is 1/128
@@ -33,8 +33,8 @@ def is_paused_on_fresh_connections(url: str, headers: dict) -> list[object]:
     """GET /is_paused over CONNECTIONS new connections (each may reach another front-end)."""
     seen = []
     for _ in range(CONNECTIONS):
-        with requests.Session() as fresh:
-            r = fresh.get(url + "/is_paused", timeout=CONTROL_TIMEOUT, headers={**headers, "Connection": "close"})
+        with web.client(headers) as fresh:
+            r = fresh.get(url + "/is_paused", timeout=CONTROL_TIMEOUT)
             seen.append(r.json().get("is_paused") if r.status_code == 200 else f"HTTP {r.status_code}")
     return seen
 

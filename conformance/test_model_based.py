@@ -14,6 +14,8 @@ data: [DONE]); the token ids delivered so far are a prefix of the request's own
 uninterrupted greedy run (nothing lost, repeated or restarted); while paused the engine
 generates nothing; generate requests report the weight-version spans the model expects.
 Each history ends by resuming, aborting what is still open, and the engine must drain.
+After the search, the P0 request lifecycle rows run as fixed histories of the same steps
+(histories.P0_SCRIPTS), on every surface, judged by the same model.
 
 Choices that differ between releases come from the server's expectations entry.
 """
@@ -21,6 +23,7 @@ Choices that differ between releases come from the server's expectations entry.
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -70,11 +73,19 @@ def test_generated_histories_of_control_calls_and_requests_agree_with_the_refere
             f"{run.tokens} tokens per request")
     note(f"model-based test: {what} (replay: --vllm-mbt-seed {seed})")
     got = histories.search(run, seed, mbt.examples, mbt.steps, mbt.reproduce)
-    history.show(run.picture)  # the shortest failing history, else the last
     if got.failure is None:
-        record_property("observed", f"{what}: {got.histories} histories, {got.steps} steps agreed with the model "
-                                    f"({got.seconds:.0f} s)")
+        searched = f"{what}: {got.histories} histories, {got.steps} steps agreed with the model ({got.seconds:.0f} s)"
+        t0 = time.monotonic()
+        ran, name, steps, failure = histories.replay_scripts(run, offered)
+        history.show(run.picture)  # the failing script, else the last
+        record_property("observed", f"{searched}; " + (f"the P0 rows' {ran} scripted histories agreed "
+                                                       f"({time.monotonic() - t0:.0f} s)" if name is None
+                                                       else f"the P0 row {name} as a history FAILED: "
+                                                            f"{histories.compact(steps)}"))
+        assert name is None, (f"{failure}\nthe P0 row {name} as a history of the machine's steps (replay it with "
+                              f"--vllm-mbt-replay \"{histories.compact(steps)}\"):\n{histories.script(steps)}")
         return
+    history.show(run.picture)  # the shortest failing history
     steps, again = got.failing, "; it passed when run again" if got.passed_again else ""
     record_property("observed", f"{what}: history {got.found_in} FAILED ({got.seconds:.0f} s with shrinking{again}); "
                                 f"shortest failing history ({len(steps)} steps): {histories.compact(steps)}")

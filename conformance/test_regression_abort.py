@@ -59,9 +59,7 @@ def result_or_fail(future, seconds, who, control, surface, request_id):
 def assert_partial_abort(c, who):
     """A non-streamed answer to an aborted request: the abort rule (fixtures/checks/rules.py), and
     its usage counts the tokens it delivered."""
-    lifecycle.judge(c, c.observe({Kind.ABORTED}, by=who), "aborted")
-    used = (c.usage or {}).get("completion_tokens")
-    assert used == c.n_tokens, f"{who} delivered {c.n_tokens} token ids but usage says {used}"
+    lifecycle.judge(c, c.observe({Kind.ABORTED}, by=who), "aborted", "usage counts")
 
 
 @pytest.mark.row("regression.abort-requests-ids",

@@ -8,9 +8,8 @@ import threading
 import uuid
 
 import pytest
-import requests
 
-from vllm_rl_conformance.fixtures.driver import model_builder, server
+from vllm_rl_conformance.fixtures.driver import model_builder, server, web
 from vllm_rl_conformance.fixtures.driver.client import request_once
 from vllm_rl_conformance.selftests.inner import run_suite
 
@@ -116,7 +115,7 @@ def test_credentials_in_a_url_are_sent_and_shown_nowhere(keyed, tmp_path, record
 
 def test_a_server_started_with_an_api_key_is_judged_with_it_and_no_report_or_log_holds_it(keyed, record_property):
     srv, key, reports = keyed
-    assert requests.get(srv.url + "/v1/models", timeout=10).status_code == 401, "the keyed server took a request without the key"
+    assert web.get(srv.url + "/v1/models", timeout=10).status_code == 401, "the keyed server took a request without the key"
     no_key = one_line(run_suite(srv.url, "", [STATE], reports / "no-key"), "needs an API key")
     wrong = one_line(run_suite(srv.url, "", [STATE], reports / "wrong-key", "--vllm-api-key=sk-not-it"),
                      "refused the API key given")

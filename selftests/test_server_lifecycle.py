@@ -5,9 +5,8 @@ import os
 from pathlib import Path
 
 import pytest
-import requests
 
-from vllm_rl_conformance.fixtures.driver import server
+from vllm_rl_conformance.fixtures.driver import server, web
 from vllm_rl_conformance.fixtures.driver.timing import wait_until
 
 pytestmark = pytest.mark.selftest
@@ -26,7 +25,7 @@ def test_a_launched_server_has_its_own_group_in_the_suites_session_and_leaves_no
     srv = server.launch("no-model", [], tmp_path / "stub.log", start_timeout=30,
                         template=f"{{python}} {STUB} --host {{host}} --port {{port}}")
     try:
-        facts = requests.get(srv.url + "/health", timeout=5).json()
+        facts = web.get(srv.url + "/health", timeout=5).json()
         assert facts["pgid"] == srv.proc.pid, f"server not the leader of its own process group: {facts}"
         # One session: Linux schedules a session as one group, and a server in a session of its
         # own left the test's threads waiting seconds for a CPU (fixtures/driver/server.py).
@@ -89,7 +88,7 @@ def test_a_server_left_unfit_is_replaced_by_the_spare_started_beside_it_and_an_u
         assert isinstance(spare, server.Server) and spare.answers() and spare.url != srv.url, (
             f"expected a healthy spare beside {srv.url}, got {spare!r}")
         started.append(spare)
-        binds = [requests.get(x.url + "/health", timeout=5).json()["bind"] for x in (srv, spare)]
+        binds = [web.get(x.url + "/health", timeout=5).json()["bind"] for x in (srv, spare)]
         assert binds == [None, core_beside().get("VLLM_CPU_OMP_THREADS_BIND")], (
             f"VLLM_CPU_OMP_THREADS_BIND of the server and of the spare begun beside it: {binds}")
         unfit_pid = srv.proc.pid
