@@ -8,6 +8,8 @@
 #                      out, BENCH_REPEAT=3 three rounds), and pause latency; reports/bench/
 #   make selftest-slow the self-tests' two confirmatory whole-selection runs make test leaves out (~6 min):
 #                      a fast engine behind a slow path, and the unbroken proxy over every targeted test
+#   make histories     record the break cases' histories again (end to end, through the proxy) into golden/histories/,
+#                      which make test judges with no server
 #   make tier2         tier 2 on CPU through vLLM's weight-sync protocol (the suite's gloo backend): weight swap
 #                      while generating, validated against a fresh V2 engine, and the weight-sync endpoints
 #   make gpu-e2e       tier 2 on two GPUs over NCCL (own venv, requirements-gpu.txt); skips without two GPUs
@@ -46,7 +48,7 @@ GPU_PY      := $(GPU_VENV)/bin/python
 # Server arguments for GPU runs (replace the CPU defaults: no float32 / KV bytes / eager needed there).
 GPU_SERVER_ARGS ?= --max-model-len 4096 --gpu-memory-utilization 0.3 --enforce-eager
 
-.PHONY: setup models conformance test tier2 selftest selftest-slow bench gpu-e2e matrix vendor clean
+.PHONY: setup models conformance test tier2 selftest selftest-slow histories bench gpu-e2e matrix vendor clean
 
 setup: $(STAMP) models
 
@@ -79,6 +81,16 @@ selftest: setup
 
 selftest-slow: setup
 	$(PY) -m pytest -m "$(SLOW_MARKERS)" $(PYTEST_ARGS)
+
+# The break cases end to end, each inner run recording its row's history, and the unbroken proxy over every
+# targeted row; golden/histories/ then holds those its rows' own judgments decide (selftests/stored.py).
+HISTORY_CASES := selftests/test_sharpness.py selftests/test_checkpoint_emulation.py
+histories: setup
+	rm -rf reports/histories-recorded
+	VLLM_CONFORMANCE_SELFTEST_HISTORIES=$(CURDIR)/reports/histories-recorded $(PY) -m pytest -m "selftest or selftest_slow" \
+	  $(HISTORY_CASES) -k "broken_row or unbroken_proxy or emulation" --vllm-report-dir=reports/histories-run \
+	  $(PYTEST_ARGS)
+	PYTHONPATH=.import $(PY) -m vllm_rl_conformance.selftests.stored reports/histories-recorded
 
 # Not a timed test: a record. Each run starts its own server.
 bench: setup

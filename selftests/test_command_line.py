@@ -55,7 +55,8 @@ class CommandLine:
 
 READ_AS = {"--vllm-strict": lambda s: s.strict, "--vllm-fail-on-violations": lambda s: s.fail_on_violations,
            "--vllm-bit-exact": lambda s: s.continuity_rule.bit_exact, "--vllm-allow-busy": lambda s: s.allow_busy,
-           "--vllm-allow-weight-changes": lambda s: s.allow_weight_changes}
+           "--vllm-allow-weight-changes": lambda s: s.allow_weight_changes,
+           "--vllm-record-histories": lambda s: s.record_histories}
 
 
 @pytest.mark.parametrize("switch", sorted(SWITCHES))

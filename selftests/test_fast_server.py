@@ -13,7 +13,7 @@ context runs its engine well ahead of what vLLM's API server and the client deli
 
 import pytest
 
-from vllm_rl_conformance.selftests import breaks
+from vllm_rl_conformance.selftests import breaks, stored
 from vllm_rl_conformance.selftests.broken_server import ProxyThread
 from vllm_rl_conformance.selftests.inner import assert_no_false_failure, check_break, run_suite
 
@@ -75,7 +75,9 @@ def test_the_conformance_selection_passes_on_every_surface_against_a_fast_engine
 ABORT_BREAKS = breaks.cases("test_fast_server")
 
 
-@pytest.mark.parametrize("case", ABORT_BREAKS, ids=[c.id for c in ABORT_BREAKS])
+# Each is judged in make test on the history stored from the suite's own server (selftests/stored.py);
+# here, end to end on the fast engine, in make selftest-slow (so make test launches no fast server).
+@pytest.mark.parametrize("case", stored.params(ABORT_BREAKS, end_to_end=()))
 def test_the_abort_breaks_are_still_caught_against_a_server_whose_engine_outruns_its_client(
         fast_server, case, tmp_path, record_property):
     check_break(fast_server, case.breakage, case.test, case.message, tmp_path, record_property)

@@ -26,7 +26,7 @@ import pytest
 
 from vllm_rl_conformance.selftests.inner import ROOT
 
-pytestmark = [pytest.mark.selftest, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.selftest, pytest.mark.selftest_slow, pytest.mark.timeout(1200)]  # builds venvs: make selftest-slow
 
 INSTALL_BOUND_S = 900
 RUN_BOUND_S = 300

@@ -12,7 +12,8 @@ from vllm_rl_conformance.fixtures.results import rows
 from vllm_rl_conformance.selftests.inner import run_suite
 from vllm_rl_conformance.selftests.shared_launches import other_isa, other_kernel_path_server
 
-pytestmark = [pytest.mark.selftest, pytest.mark.timeout(420), pytest.mark.order(5)]
+# A confirmatory run (no false failure on another kernel path): make selftest-slow.
+pytestmark = [pytest.mark.selftest, pytest.mark.selftest_slow, pytest.mark.timeout(420), pytest.mark.order(5)]
 
 CONTINUITY = [rows.test_id("lifecycle.keep-continuity", f"clear_cache-{cc}-{surface}")
               for cc in ("false", "true") for surface in ("completions", "chat", "generate")]

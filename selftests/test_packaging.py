@@ -15,7 +15,7 @@ from vllm_rl_conformance.selftests import breaks
 from vllm_rl_conformance.selftests.gloo_breaks import BREAK_ENV
 from vllm_rl_conformance.selftests.inner import COPY_IGNORED, ROOT, run_suite
 
-pytestmark = [pytest.mark.selftest, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.selftest, pytest.mark.selftest_slow, pytest.mark.timeout(900)]  # builds wheels: make selftest-slow
 
 INSTALL_BOUND_S = 300
 

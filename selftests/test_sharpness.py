@@ -16,9 +16,9 @@ from vllm_rl_conformance.fixtures.driver.client import prompt_longer_than_a_cach
 from vllm_rl_conformance.fixtures.driver.control import ControlPlane
 from vllm_rl_conformance.fixtures.driver.server import Server
 from vllm_rl_conformance.fixtures.tier2.weight_swap import WARM_ANSWER_TOKENS, check_swap_recomputes_a_warm_prefix
-from vllm_rl_conformance.selftests import breaks
+from vllm_rl_conformance.selftests import breaks, stored
 from vllm_rl_conformance.selftests.broken_server import ProxyThread
-from vllm_rl_conformance.selftests.inner import assert_no_false_failure, check_break, run_suite
+from vllm_rl_conformance.selftests.inner import assert_no_false_failure, check_break, kept, recording, run_suite
 
 # The outer run measures the server once; each inner run gets those rates (--vllm-rates).
 pytestmark = [pytest.mark.selftest, pytest.mark.usefixtures("rates")]
@@ -27,7 +27,9 @@ CASES = breaks.cases(breaks.SHARPNESS)  # (break, the test that must catch it, t
 ABORT, ABORT_PLAIN, CONTINUITY = breaks.ABORT, breaks.ABORT_PLAIN, breaks.CONTINUITY
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+# A case judged purely on its stored history (selftests/test_checks_stored.py) runs end to end in make
+# selftest-slow only, unless kept end to end in make test (stored.END_TO_END): selftests/stored.py.
+@pytest.mark.parametrize("case", stored.params(CASES))
 def test_a_server_with_one_broken_row_fails_the_test_that_pins_it(server_target, model, case, tmp_path,
                                                                   record_property):
     check_break(server_target, case.breakage, case.test, case.message, tmp_path, record_property)
@@ -38,7 +40,8 @@ def test_a_server_with_one_broken_row_fails_the_test_that_pins_it(server_target,
 def test_the_unbroken_proxy_passes_every_targeted_test(server_target, model, tmp_path, record_property):
     targets = sorted({c.test for c in CASES})
     with ProxyThread(server_target.url, "none") as proxy:
-        run = run_suite(proxy.url, model, targets, tmp_path, bound=240, rates=server_target.rates)
+        run = run_suite(proxy.url, model, targets, tmp_path, *recording(), bound=240, rates=server_target.rates)
+    kept(run, "none")
     record_property("observed", f"exit {run.code} after {run.seconds:.1f} s")
     assert_no_false_failure(run)
 

@@ -23,7 +23,7 @@ from vllm_rl_conformance.fixtures.driver.server import free_port
 from vllm_rl_conformance.fixtures.plugin.run_hooks import TEST_TIMEOUT_S
 from vllm_rl_conformance.selftests.inner import ROOT
 
-pytestmark = pytest.mark.selftest
+pytestmark = [pytest.mark.selftest, pytest.mark.selftest_slow]  # copies and installs the suite: make selftest-slow
 
 COPY = "tests/special_e2e/vllm_conformance"
 BOUND_S = 240
