@@ -74,6 +74,22 @@ def test_a_reading_the_row_allowed_passes_when_judged_again():
     assert stored.failing(history_file.events_of(h)) == []
 
 
+def test_a_reading_the_row_replaced_by_a_later_one_is_judged_by_the_later_one_only():
+    """The model-based row reads a frozen request that shows every token, finished; by the engine's
+    count it had finished before the keep took effect, so the row reads it again as finished, the
+    second reading replacing the first (history_requests)."""
+    with history.scene("finished before keep") as h:
+        late = history.Log("late")
+        late.sent("completions", URL, Sampling(max_tokens=2), "prompt")
+        late.tokens(2, (1, 2))
+        late.ended(2, "length", None, None, (2,), True)
+        first = late.observe(Kind.FROZEN, None, {Kind.FROZEN}, "after pause(keep)", "2/2 tokens", "")
+        events = history_file.events_of(h)
+        assert len(stored.failing(events)) == 1, "the first reading alone must fail: it shows finished, not frozen"
+        late.observe(Kind.RUNNING, None, {Kind.FINISHED}, "after pause(keep)", "2/2 tokens", "", supersedes=first.seq)
+    assert stored.failing(history_file.events_of(h)) == []
+
+
 def test_a_file_of_another_format_is_refused_by_name():
     import gzip
     import json
