@@ -132,9 +132,8 @@ def check_break(server, breakage: str, target: str, message: str | None, report_
     """Runs `target` in attach mode against a proxy in front of `server` (plugin/target.Target:
     its URL, model and rates, if measured) that breaks `breakage`: it must fail with `message`,
     or, with message None (the unbroken proxy), pass."""
-    from vllm_rl_conformance.selftests.broken_server import ProxyThread
-
     from vllm_rl_conformance.selftests import stored
+    from vllm_rl_conformance.selftests.broken_server import ProxyThread
 
     again = stored.path(breakage, target).exists()  # recorded again, and judged as the stored history
     with ProxyThread(server.url, breakage) as proxy:  # the suite's own server: its weights may change
