@@ -41,11 +41,15 @@ def stored(case: breaks.Case) -> bool:
     return path(case.breakage, case.test).exists()
 
 
+def marks(breakage: str, test: str, end_to_end=END_TO_END) -> list:
+    """Where a case runs end to end: with a stored history, and not kept `end_to_end`, in make
+    selftest-slow only (its stored history is judged in make test)."""
+    return [pytest.mark.selftest_slow] if path(breakage, test).exists() and breakage not in end_to_end else []
+
+
 def params(cases: list[breaks.Case], end_to_end=END_TO_END) -> list:
-    """`cases` as pytest params: one with a stored history, and not kept `end_to_end`, runs in
-    make selftest-slow only (its stored history is judged in make test)."""
-    return [pytest.param(c, id=c.id, marks=[pytest.mark.selftest_slow] if stored(c) and c.breakage not in end_to_end
-                         else []) for c in cases]
+    """`cases` as pytest params, each marked as marks() says."""
+    return [pytest.param(c, id=c.id, marks=marks(c.breakage, c.test, end_to_end)) for c in cases]
 
 
 def every_case() -> list[breaks.Case]:
@@ -60,15 +64,10 @@ def unbroken() -> list[Path]:
     return sorted((HISTORIES / UNBROKEN).glob("*.json.gz"))
 
 
-def failing(events: list) -> list[str]:
-    """The failing findings of the row's recorded judgments, judged again."""
-    return replay.failing(events)
-
-
 def judged_as(events: list, message: str | None) -> tuple[str, str]:
     """How the checks judge a history, in the words two recordings are compared by (first), and the
     finding that says so (second): whether they fail it with `message` (None: whether they pass it)."""
-    found = failing(events)
+    found = replay.failing(events)
     hit = next((f for f in found if message is not None and message in f), None)
     if hit:
         return f"fails with {message!r}", hit[:300]

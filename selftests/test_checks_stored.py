@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_rl_conformance.fixtures.checks import rules
+from vllm_rl_conformance.fixtures.checks import replay, rules
 from vllm_rl_conformance.fixtures.driver import history, history_file
 from vllm_rl_conformance.fixtures.driver.client import Refusal
 from vllm_rl_conformance.fixtures.driver.fate import Kind
@@ -60,7 +60,7 @@ def test_a_reading_the_row_did_not_allow_is_found_again_from_the_stored_events()
     _, events = history_file.loads(history_file.dumps(a_cycle(), {}))
     judged = [e for e in events if isinstance(e, history.Judged)]
     assert [j.checks for j in judged] == [("allowed",), ("allowed",)], judged
-    found = stored.failing(events)
+    found = replay.failing(events)
     assert len(found) == 2 and "observed 'finished'; allowed 'aborted'" in found[0], found
     assert "observed 'refused 500'; allowed 'queued'" in found[1], found
 
@@ -71,7 +71,7 @@ def test_a_reading_the_row_allowed_passes_when_judged_again():
         kept.sent("completions", URL, Sampling(max_tokens=8), "prompt")
         kept.tokens(2, (1, 2))
         kept.observe(Kind.FROZEN, None, {Kind.FROZEN}, "pause(keep)", "2/8 tokens", "")
-    assert stored.failing(history_file.events_of(h)) == []
+    assert replay.failing(history_file.events_of(h)) == []
 
 
 def test_a_reading_the_row_replaced_by_a_later_one_is_judged_by_the_later_one_only():
@@ -85,9 +85,9 @@ def test_a_reading_the_row_replaced_by_a_later_one_is_judged_by_the_later_one_on
         late.ended(2, "length", None, None, (2,), True)
         first = late.observe(Kind.FROZEN, None, {Kind.FROZEN}, "after pause(keep)", "2/2 tokens", "")
         events = history_file.events_of(h)
-        assert len(stored.failing(events)) == 1, "the first reading alone must fail: it shows finished, not frozen"
+        assert len(replay.failing(events)) == 1, "the first reading alone must fail: it shows finished, not frozen"
         late.observe(Kind.RUNNING, None, {Kind.FINISHED}, "after pause(keep)", "2/2 tokens", "", supersedes=first.seq)
-    assert stored.failing(history_file.events_of(h)) == []
+    assert replay.failing(history_file.events_of(h)) == []
 
 
 def test_a_file_of_another_format_is_refused_by_name():
@@ -104,7 +104,7 @@ UNBROKEN = stored.unbroken()
 @pytest.mark.parametrize("case", STORED, ids=[c.id for c in STORED])
 def test_a_break_fails_its_row_on_the_history_stored_from_the_broken_server(case):
     about, events = history_file.read(stored.path(case.breakage, case.test))
-    found = stored.failing(events)
+    found = replay.failing(events)
     assert any(case.stored_message in f for f in found), (
         f"{case.test.rsplit('::', 1)[-1]} on its history stored under {case.breakage} ({about.get('release')}): "
         f"expected a finding containing {case.stored_message!r}; the row's judgments found "
@@ -114,9 +114,21 @@ def test_a_break_fails_its_row_on_the_history_stored_from_the_broken_server(case
 @pytest.mark.parametrize("stored_path", UNBROKEN, ids=[p.name.removesuffix(".json.gz") for p in UNBROKEN])
 def test_every_row_passes_on_the_history_stored_from_the_unbroken_server(stored_path):
     about, events = history_file.read(stored_path)
-    found = stored.failing(events)
+    found = replay.failing(events)
     assert any(isinstance(e, history.Judged) for e in events), f"{about['row']}: the stored history holds no judgment"
     assert not found, f"{about['row']} fails on its history stored from the unbroken proxy: {found[0]}"
+
+
+def test_every_stored_judgment_judged_again_passes_or_fails_as_the_row_judged_it_then():
+    """Each recorded judgment (but one a later reading replaced) fails on the stored events exactly
+    where it failed live (Judged.found): the replay judges as the row did."""
+    differ = []
+    for p in sorted(stored.HISTORIES.glob("*/*.json.gz")):
+        for r in replay.rejudge(history_file.read(p)[1]):
+            if bool(r.failing) != bool(r.judged.found):
+                differ.append(f"{p.parent.name}/{p.name[:80]} #{r.judged.seq} {r.judged.checks}: live "
+                              f"{list(r.judged.found) or 'passed'}, again {list(r.failing) or 'passed'}")
+    assert not differ, "judged otherwise than live:\n" + "\n".join(differ[:10])
 
 
 def test_every_stored_history_names_its_row_break_server_and_release():

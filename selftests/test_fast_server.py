@@ -76,7 +76,7 @@ ABORT_BREAKS = breaks.cases("test_fast_server")
 
 
 # Each is judged in make test on the history stored from the suite's own server (selftests/stored.py);
-# here, end to end on the fast engine, in make selftest-slow (so make test launches no fast server).
+# here, end to end on the fast engine, in make selftest-slow.
 @pytest.mark.parametrize("case", stored.params(ABORT_BREAKS, end_to_end=()))
 def test_the_abort_breaks_are_still_caught_against_a_server_whose_engine_outruns_its_client(
         fast_server, case, tmp_path, record_property):

@@ -68,8 +68,7 @@ def shortest_history(run) -> tuple[int, str]:
 
 @pytest.mark.timeout(INNER_BOUND_S + 180)
 @pytest.mark.parametrize("breakage, message, steps", [  # a break judged on its stored history: selftest-slow
-    pytest.param(*c, id=c[0], marks=[pytest.mark.selftest_slow] if stored.path(c[0], MODEL_BASED).exists() else [])
-    for c in CASES])
+    pytest.param(*c, id=c[0], marks=stored.marks(c[0], MODEL_BASED)) for c in CASES])
 def test_the_model_based_test_catches_a_break_only_a_sequence_exposes_and_prints_its_shortest_history(
         server_target, breakage, message, steps, tmp_path, record_property):
     run = check_break(server_target, breakage, MODEL_BASED, message, tmp_path / "search", record_property,
