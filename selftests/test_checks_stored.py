@@ -7,6 +7,9 @@ against the unbroken proxy passes them."""
 
 from __future__ import annotations
 
+import gzip
+import json
+
 import pytest
 
 from vllm_rl_conformance.fixtures.checks import replay, rules
@@ -90,9 +93,18 @@ def test_a_reading_the_row_replaced_by_a_later_one_is_judged_by_the_later_one_on
     assert replay.failing(history_file.events_of(h)) == []
 
 
+def test_a_history_file_carries_no_api_key_and_no_url_credentials():
+    from vllm_rl_conformance.fixtures.driver import redaction
+    redaction.register("sk-stored-secret")
+    with history.scene("a call with secrets") as h:
+        with history.control("update_weight_version", "POST", "/update_weight_version",
+                             None, {"version": "sk-stored-secret"}, "http://user:pw-in-url@127.0.0.1:1") as call:
+            call.answered(200)
+    text = gzip.decompress(history_file.dumps(h, {"row": "test"})).decode()
+    assert "sk-stored-secret" not in text and "pw-in-url" not in text, text
+
+
 def test_a_file_of_another_format_is_refused_by_name():
-    import gzip
-    import json
     with pytest.raises(ValueError, match="format 99"):
         history_file.loads(gzip.compress(json.dumps({"format": 99, "about": {}, "events": []}).encode()))
 
