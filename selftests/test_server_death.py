@@ -4,7 +4,7 @@ engine during its request. In launch mode the server is started again and the ro
 are judged; in attach mode the rows left on that server are "not run", one line each. The
 report's "server died" entry names the test, the time and the cause. The attach-mode case kills
 the engine of the server test_kernel_paths.py ran against (selftests/shared_launches.py): one
-start for both."""
+start for both, in make selftest-slow; the launch-mode case runs in make test."""
 
 import os
 import re
@@ -60,6 +60,7 @@ def test_launch_mode_reports_the_engines_own_error_once_starts_the_server_again_
                                 f"{death['restart'][:80]}")
 
 
+@pytest.mark.selftest_slow  # with test_kernel_paths.py, whose server it kills: make selftest-slow
 def test_attach_mode_reports_the_death_once_and_marks_the_rows_left_not_run(
         settings, server_pool, tmp_path, record_property):
     srv = other_kernel_path_server(settings, server_pool)

@@ -18,7 +18,9 @@ from vllm_rl_conformance.fixtures.driver.server import Server
 from vllm_rl_conformance.fixtures.tier2.weight_swap import WARM_ANSWER_TOKENS, check_swap_recomputes_a_warm_prefix
 from vllm_rl_conformance.selftests import breaks, stored
 from vllm_rl_conformance.selftests.broken_server import ProxyThread
-from vllm_rl_conformance.selftests.inner import assert_no_false_failure, check_break, kept, recording, run_suite
+from vllm_rl_conformance.selftests.inner import (assert_judged_as_stored, assert_no_false_failure, check_break, kept,
+                                                 recording, run_suite)
+from vllm_rl_conformance.selftests.stored import UNBROKEN
 
 # The outer run measures the server once; each inner run gets those rates (--vllm-rates).
 pytestmark = [pytest.mark.selftest, pytest.mark.usefixtures("rates")]
@@ -40,10 +42,12 @@ def test_a_server_with_one_broken_row_fails_the_test_that_pins_it(server_target,
 def test_the_unbroken_proxy_passes_every_targeted_test(server_target, model, tmp_path, record_property):
     targets = sorted({c.test for c in CASES})
     with ProxyThread(server_target.url, "none") as proxy:
-        run = run_suite(proxy.url, model, targets, tmp_path, *recording(), bound=240, rates=server_target.rates)
-    kept(run, "none")
+        run = run_suite(proxy.url, model, targets, tmp_path, *recording(anyway=True), bound=240,
+                        rates=server_target.rates)
+    kept(run, UNBROKEN)
     record_property("observed", f"exit {run.code} after {run.seconds:.1f} s")
     assert_no_false_failure(run)
+    assert_judged_as_stored(run, UNBROKEN, dict.fromkeys(targets))
 
 
 def test_logprob_drift_of_another_kernel_path_does_not_fail_the_continuity_row(

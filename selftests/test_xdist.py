@@ -1,6 +1,6 @@
 """pytest-xdist (-n): the tests that drive one attached server run on one worker, one after the
 other, so -n 2 gives the verdicts of -n 0 and still catches a broken server; in launch mode
-each worker starts servers of its own."""
+each worker starts servers of its own (make selftest-slow)."""
 
 import pytest
 
@@ -33,6 +33,7 @@ def test_two_workers_still_catch_a_server_where_keep_acts_like_abort(server_targ
 
 
 @pytest.mark.order(5)  # with the self-tests that stop the shared servers: it launches two of its own
+@pytest.mark.selftest_slow  # two server starts: make selftest-slow (test_server_death.py's launch case runs in make test)
 def test_in_launch_mode_each_worker_starts_its_own_server(settings, server_pool, tmp_path, record_property):
     if settings.attach:
         pytest.skip("launches servers of its own: attach mode has no launcher")
