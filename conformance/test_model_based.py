@@ -15,7 +15,9 @@ uninterrupted greedy run (nothing lost, repeated or restarted); while paused the
 generates nothing; generate requests report the weight-version spans the model expects.
 Each history ends by resuming, aborting what is still open, and the engine must drain.
 After the search, the P0 request lifecycle rows run as fixed histories of the same steps
-(histories.P0_SCRIPTS), on every surface, judged by the same model.
+(histories.P0_SCRIPTS), on every surface, judged by the same model, and so does each sequence
+a version-keyed value needs (histories.KEY_SCRIPTS: a request held by keep, then aborted), so
+that every run judges it whatever its search drew.
 
 Choices that differ between releases come from the server's expectations entry.
 """
@@ -78,11 +80,11 @@ def test_generated_histories_of_control_calls_and_requests_agree_with_the_refere
         t0 = time.monotonic()
         ran, name, steps, failure = histories.replay_scripts(run, offered)
         history.show(run.picture)  # the failing script, else the last
-        record_property("observed", f"{searched}; " + (f"the P0 rows' {ran} scripted histories agreed "
+        record_property("observed", f"{searched}; " + (f"the {ran} scripted histories (P0 rows, keyed values) agreed "
                                                        f"({time.monotonic() - t0:.0f} s)" if name is None
-                                                       else f"the P0 row {name} as a history FAILED: "
+                                                       else f"the script {name} as a history FAILED: "
                                                             f"{histories.compact(steps)}"))
-        assert name is None, (f"{failure}\nthe P0 row {name} as a history of the machine's steps (replay it with "
+        assert name is None, (f"{failure}\nthe script {name} as a history of the machine's steps (replay it with "
                               f"--vllm-mbt-replay \"{histories.compact(steps)}\"):\n{histories.script(steps)}")
         return
     history.show(run.picture)  # the shortest failing history

@@ -20,13 +20,15 @@ def run_on_the_model(row: str, entry: dict) -> list[tuple[str, dict[str, frozens
     """The row's script on the model: after each step, (the step, each request's allowed outcomes)."""
     model = cm.ContractModel(lambda key, mode: entry.get(key, {}).get(mode))
     seen = []
-    for name, kwargs in histories.parse_steps(histories.P0_SCRIPTS[row].format(s="completions")):
+    for name, kwargs in histories.parse_steps(histories.SCRIPTS[row].format(s="completions")):
         if name == "start":
             model.start(f"r{len(model.requests) + 1}", kwargs["surface"], kwargs["prompt"], 100)
         elif name.startswith("pause_"):
             model.pause(name.removeprefix("pause_"), kwargs["clear_cache"])
         elif name == "resume":
             model.resume()
+        elif name == "abort_requests":
+            model.abort_requests([rid for i, rid in enumerate(model.requests) if kwargs["which"] >> i & 1])
         else:
             assert name == "wait_a_little", f"{row}: a step this test does not apply: {name}"
         seen.append((name, {rid: r.outcomes() for rid, r in model.requests.items()}))
@@ -68,8 +70,19 @@ def test_the_resume_row_holds_a_request_sent_while_paused_until_resume_and_a_fre
     assert after(seen, "start", 2)["r2"] == cm.RUNNING_OUTCOMES
 
 
+@pytest.mark.parametrize("entry", [QUEUED_ENTRY, REFUSING_ENTRY], ids=["queues", "refuses-abort-and-wait"])
+@pytest.mark.parametrize("said", ["ended without finish_reason", "aborted"])
+def test_the_queued_request_aborted_script_ends_a_request_held_by_keep_as_the_entry_says(entry, said):
+    """The script that makes every run judge queued_request_aborted: a request sent while paused
+    with keep is held, then /abort_requests naming it ends it as the entry says for its surface."""
+    seen = run_on_the_model("queued_request_aborted", {**entry, "queued_request_aborted": {"completions": said}})
+    assert after(seen, "start")["r1"] == {cm.QUEUED}, after(seen, "start")
+    ended = after(seen, "abort_requests")["r1"]
+    assert {k.value for k in ended} == {said}, f"after /abort_requests the held request may show {ended}"
+
+
 def test_every_script_is_a_replay_text_of_the_machine_steps_on_each_surface():
     scripted = histories.scripted(["completions", "chat", "generate"])
-    assert len(scripted) == 3 * len(histories.P0_SCRIPTS)
+    assert len(scripted) == 3 * len(histories.SCRIPTS) == 3 * (len(histories.P0_SCRIPTS) + len(histories.KEY_SCRIPTS))
     for name, steps in scripted:
         assert histories.parse_steps(histories.compact(steps)) == steps, name

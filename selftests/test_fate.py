@@ -117,6 +117,8 @@ def a_failing_keep_row():
         with history.control("pause(mode=keep)", "POST", "/pause", {"mode": "keep"}, None, "http://127.0.0.1:1") as c:
             c.answered(200)
         history.mark("pause_effect", row.t0 + 0.001, "pause(mode=keep) took effect in the engine")
+        history.sample("is_paused", True)
+        history.measured("weight_info", "v1")  # a row's own measurement: judged, not drawn
         s.ended(3, "abort", None)
         mark = history.position()
         fate = s.observe(Kind.FROZEN, allowed={Kind.FROZEN}, by="pause(keep)").fate
@@ -137,6 +139,7 @@ def test_a_failing_keep_row_s_page_marks_the_failure_at_the_event_its_checker_na
     history.end_row()
     assert drawing.finding_event(row, named) == observed.seq == drawing.finding_event(row)
     data = drawing.data(row)
+    assert [(d["what"], d["value"]) for d in data["samples"]] == [("is_paused", True)], data["samples"]
     verdict = judge("failed", [], reason="in-flight request ended while paused with keep", event=named)
     assert verdict.findings == [{"text": "in-flight request ended while paused with keep", "event": observed.seq}]
     p = picture(data, verdict.findings)
