@@ -6,8 +6,9 @@
 #   make bench         how long make conformance, pytest -m p0, make test and make selftest-slow take, as
 #                      multiples of the sum of the engine starts each makes (BENCH_TEST= leaves the last two
 #                      out, BENCH_REPEAT=3 three rounds), and pause latency; reports/bench/
-#   make selftest-slow the self-tests' two confirmatory whole-selection runs make test leaves out (~6 min):
-#                      a fast engine behind a slow path, and the unbroken proxy over every targeted test
+#   make selftest-slow what make test leaves out (~25 min; run it before resolving a change to a judgment): every
+#                      break case with a stored history end to end, the confirmatory whole-selection runs (a fast
+#                      engine behind a slow path, the unbroken proxy over every targeted test), venv and wheel builds
 #   make histories     record the break cases' histories again (end to end, through the proxy) into golden/histories/,
 #                      which make test judges with no server
 #   make tier2         tier 2 on CPU through vLLM's weight-sync protocol (the suite's gloo backend): weight swap

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from vllm_rl_conformance.fixtures.checks import replay, rules
+from vllm_rl_conformance.fixtures.checks import expectations, replay, rules
 from vllm_rl_conformance.fixtures.driver import history, history_file
 from vllm_rl_conformance.fixtures.driver.client import Refusal
 from vllm_rl_conformance.fixtures.driver.fate import Kind
@@ -66,6 +66,19 @@ def test_a_reading_the_row_did_not_allow_is_found_again_from_the_stored_events()
     found = replay.failing(events)
     assert len(found) == 2 and "observed 'finished'; allowed 'aborted'" in found[0], found
     assert "observed 'refused 500'; allowed 'queued'" in found[1], found
+
+
+def test_a_version_keyed_judgment_is_judged_again_by_the_entry_of_its_release():
+    """A value a row judged by its release's entry (expectations.differs) is recorded with the
+    release: read back from the file and judged again by that entry, it fails or passes as it did."""
+    entry = expectations.load("0.32.0")
+    with history.scene("invalid mode") as h:
+        wrong = expectations.differs(entry, "invalid_mode_status", 200, "pause(mode='bogus') answered 200")
+        right = expectations.differs(entry, "invalid_mode_status", 400, "pause(mode='bogus') answered 400")
+    _, events = history_file.loads(history_file.dumps(h, {}))
+    again = [r.failing for r in replay.rejudge(events)]
+    assert wrong and not right and again == [(wrong[0].text,), ()], (wrong, right, again)
+    assert "expected 400 (expectations.json entry 0.32" in wrong[0].text, wrong[0].text
 
 
 def test_a_reading_the_row_allowed_passes_when_judged_again():

@@ -50,6 +50,7 @@ def test_the_unbroken_proxy_passes_every_targeted_test(server_target, model, tmp
     assert_judged_as_stored(run, UNBROKEN, dict.fromkeys(targets))
 
 
+@pytest.mark.selftest_slow  # a correct server's run that must pass (a tolerance): make selftest-slow
 def test_logprob_drift_of_another_kernel_path_does_not_fail_the_continuity_row(
         server_target, model, tmp_path, record_property):
     """Every logprob a resumed stream gets scaled by 1 + 1e-6 (another CPU's kernels re-computing
@@ -61,6 +62,7 @@ def test_logprob_drift_of_another_kernel_path_does_not_fail_the_continuity_row(
     assert_no_false_failure(run, "a correct server whose resumed logprobs drift by one part in a million")
 
 
+@pytest.mark.selftest_slow  # a correct server's run that must pass (a tolerance): make selftest-slow
 def test_a_pause_that_reaches_the_engine_seconds_late_does_not_fail_the_abort_rows(
         server_target, model, tmp_path, record_property):
     """A starved machine can deliver pause(abort) to the engine seconds after the client saw the

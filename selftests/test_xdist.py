@@ -1,6 +1,7 @@
 """pytest-xdist (-n): the tests that drive one attached server run on one worker, one after the
 other, so -n 2 gives the verdicts of -n 0 and still catches a broken server; in launch mode
-each worker starts servers of its own (make selftest-slow)."""
+each worker starts servers of its own. The runs that must pass are in make selftest-slow; the
+broken server under -n 2 is caught in make test."""
 
 import pytest
 
@@ -14,6 +15,7 @@ LIFECYCLE, STATE, INVALID = (rows.by_id(rows.load())[r].path for r in ("lifecycl
 KEEP = rows.test_id("lifecycle.keep", "completions")
 
 
+@pytest.mark.selftest_slow  # a correct server's run that must pass: make selftest-slow (the break below: make test)
 @pytest.mark.usefixtures("rates")  # measured once by this run, passed to the inner run
 def test_two_workers_against_one_attached_server_pass_where_one_worker_does(server_target, model, tmp_path,
                                                                              record_property):
