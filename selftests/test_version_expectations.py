@@ -210,8 +210,8 @@ def test_the_real_servers_stored_histories_fail_an_entry_that_expects_422_and_re
     path = edited_expectations(tmp_path, "0.32.0", invalid_mode_status=422, request_while_paused=REFUSING)
     module = TARGETS[0].rsplit("::", 1)[0]
     tests = {name: f"{module}::{name}" for name in INVALID_ROWS} | {t.rsplit("::", 1)[-1]: t for t in TARGETS[1:]}
-    found = {name: replay.failing(history_file.read(stored.path(stored.UNBROKEN, test))[1], file=str(path))
-             for name, test in tests.items()}
+    events = {name: history_file.read(stored.path(stored.UNBROKEN, test))[1] for name, test in tests.items()}
+    found = {name: replay.failing(e, file=str(path)) for name, e in events.items()}
     for name in INVALID_ROWS:
         assert found[name] and "answered 400; expected 422" in found[name][0], (name, found[name])
     for name in REFUSING_ROWS:
@@ -219,7 +219,7 @@ def test_the_real_servers_stored_histories_fail_an_entry_that_expects_422_and_re
             name, found[name])
     for name in HOLDING_ROWS:
         assert not found[name], (name, found[name])
-    assert not any(replay.failing(history_file.read(stored.path(stored.UNBROKEN, t))[1]) for t in tests.values()), (
+    assert not any(replay.failing(e) for e in events.values()), (
         "the stored histories fail their own entry")
     record_property("observed", "; ".join(f"{n[:40]}: {found[n][0][:110]}" for n in (INVALID_ROWS[0], REFUSING_ROWS[0])))
 
