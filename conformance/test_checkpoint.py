@@ -13,6 +13,7 @@ awake and resumed.
 import pytest
 
 from vllm_rl_conformance.fixtures.checks import lifecycle as lc
+from vllm_rl_conformance.fixtures.checks import reads
 from vllm_rl_conformance.fixtures.checks.expectations import assert_expected as expect
 from vllm_rl_conformance.fixtures.checks import steps
 from vllm_rl_conformance.fixtures.driver.client import SHORT_PROMPT
@@ -159,8 +160,8 @@ def test_checkpoint_restore_is_idempotent_and_the_server_serves_again(
     again = restore(control, timeout=budget.settle_s + 30)
     observed = f"{again.status_code} {state_of(again)}"
     paused = control.is_paused()
-    assert paused is False, (f"after checkpoint restore answered 200 ({first}; again: {observed}) /is_paused is true: "
-                             f"the engine does not serve until someone resumes it")
+    reads.require("is_paused", paused, False, f"after checkpoint restore answered 200 ({first}; again: {observed}) "
+                                              f"/is_paused is true: the engine does not serve until someone resumes it")
     s = streams(SHORT_PROMPT, budget.short_tokens, name="after-restore")
     lc.assert_completed(s, budget, budget.short_tokens)
     record_property("observed", f"{first}; restore again -> {observed}; is_paused {paused}; a request completed")

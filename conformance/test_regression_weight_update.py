@@ -11,7 +11,7 @@
 
 import pytest
 
-from vllm_rl_conformance.fixtures.checks import lifecycle
+from vllm_rl_conformance.fixtures.checks import lifecycle, reads
 from vllm_rl_conformance.fixtures.checks.expectations import require
 from vllm_rl_conformance.fixtures.driver import model_builder
 from vllm_rl_conformance.fixtures.driver.client import (SHORT_PROMPT, complete, prompt_longer_than_a_cache_block,
@@ -46,9 +46,9 @@ class Calls:
 
     def refused(self, label, path, expected, **kw):
         r = self.post(label, path, **kw)
-        assert r.status_code >= 400, (
-            f"{label} (POST {path}) answered {r.status_code}: a call out of order was accepted. "
-            f"Calls so far: {'; '.join(self.log)}")
+        reads.require_refused(f"{label} status", r.status_code,
+                              f"{label} (POST {path}) answered {r.status_code}: a call out of order was accepted. "
+                              f"Calls so far: {'; '.join(self.log)}")
         require(expected, "refused_weight_update_status", status_class(r.status_code),
                 f"{label} (POST {path}) was refused with {r.status_code}", then=f". Body: {r.text[:200]}")
         return r

@@ -11,6 +11,7 @@ worker logs "sleep mode is not supported on CPU, ignore it"), so the report says
 import pytest
 
 from vllm_rl_conformance.fixtures.checks import lifecycle as lc
+from vllm_rl_conformance.fixtures.checks import reads
 from vllm_rl_conformance.fixtures.checks.expectations import assert_expected as expect
 from vllm_rl_conformance.fixtures.checks import steps
 from vllm_rl_conformance.fixtures.driver.capabilities import SLEEP_ON_CPU
@@ -72,13 +73,15 @@ def test_sleep_at_each_level_reports_sleeping_and_wake_up_leaves_the_engine_awak
         f"sleep(level={level}) answered {body}; expected {{'status': 'sleeping', 'level': {level}}} (or, as older "
         f"releases answer, no body)")
     asleep = state(control)
-    assert asleep["is_sleeping"] is True, f"/is_sleeping is false after sleep(level={level}) answered 200: {asleep}"
+    reads.require("is_sleeping", asleep["is_sleeping"], True,
+                  f"/is_sleeping is false after sleep(level={level}) answered 200: {asleep}")
     expect(expected, "paused_while_asleep", asleep["is_paused"], f"/is_paused after sleep(level={level})")
     gauge = assert_gauge(control, level, f"after sleep(level={level})")
     woke = control.wake_up_ok()
     after = state(control)
     assert woke.get("status", "awake") == "awake", f"wake_up (no tags) after sleep(level={level}) answered {woke}"
-    assert after == AWAKE, f"after sleep(level={level}) and a full wake_up the engine is {after}; expected {AWAKE}"
+    reads.require("state", after, AWAKE, f"after sleep(level={level}) and a full wake_up the engine is {after}; "
+                                         f"expected {AWAKE}")
     assert_gauge(control, "awake", f"after sleep(level={level}) and a full wake_up")
     record_property("observed", f"sleep -> {body}, then {asleep}; wake_up -> {woke}, then {after}; {gauge}")
 
@@ -211,9 +214,10 @@ def test_wake_up_by_tags_keeps_the_engine_asleep_until_the_last_tag_and_requests
         body = control.wake_up_ok((tag,))
         now = state(control)
         log.append(f"wake_up(tags={tag}) -> {body.get('status')!r}, {now}")
-        assert body.get("status", "sleeping") == "sleeping" and now == {"is_sleeping": True, "is_paused": True}, (
-            f"after sleep(level={level}), a partial wake_up(tags={tag}) left the engine awake: answered {body}, "
-            f"then {now}; expected status 'sleeping', is_sleeping and is_paused true until the last tag")
+        reads.require("answer and state", {"status": body.get("status", "sleeping"), **now},
+                      {"status": "sleeping", "is_sleeping": True, "is_paused": True},
+                      f"after sleep(level={level}), a partial wake_up(tags={tag}) left the engine awake: answered "
+                      f"{body}, then {now}; expected status 'sleeping', is_sleeping and is_paused true until the last tag")
         sent = streams(lc.PAUSED_PROMPT, budget.short_tokens, name=f"sent-after-wake-{tag}")
         held, seen = lc.judge_sent_while_paused(sent, budget, expected, None, key="request_while_asleep",
                                                 what=f"a request sent after wake_up(tags={tag})")

@@ -43,7 +43,8 @@ def test_a_request_kept_across_a_committed_weight_version_reports_spans_that_cha
 
     spans = s.samples[0].weight_versions
     assert spans, f"the request finished without weight_versions in its final chunk ({s.describe()})"
-    lifecycle.judge(s, s.observe(allowed={Kind.FINISHED}), "spans")
+    lifecycle.judge(s, s.observe(allowed={Kind.FINISHED}), "spans",
+                    want={s.log.key: [[before, 0], [committed, frozen_at]]})  # each version starts where it froze
     expected = [{"version": before, "start": 0, "end": frozen_at},
                 {"version": committed, "start": frozen_at, "end": s.n_tokens}]
     assert [(x["version"], x["start"], x["end"]) for x in spans] == \

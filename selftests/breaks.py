@@ -26,7 +26,7 @@ DOC = Path(__file__).resolve().parent.parent / "docs" / "selftests.md"
 BEGIN, END = "<!-- breaks table: generated from selftests/breaks.py -->", "<!-- end of breaks table -->"
 
 STATE = rows.test_id("state.idempotent")
-INVALID = rows.test_id("state.invalid-mode")
+INVALID = rows.test_id("state.invalid-mode", "from-unpaused")
 ABORT = rows.test_id("lifecycle.abort", "completions")
 KEEP = rows.test_id("lifecycle.keep", "completions")
 WAIT = rows.test_id("lifecycle.wait", "completions")

@@ -5,8 +5,8 @@ A case whose stored history its row's own judgments (history.Judged, judged agai
 fixtures/checks/replay.py) fail with the case's text is judged purely in `make test`
 (selftests/test_checks_stored.py), and end to end in `make selftest-slow`, where its history is
 recorded again and must be judged as the stored one (`make histories` stores the new ones).
-A case whose row judges outside the rules (an answer's status, a timing, a time-out) has no
-stored history: it runs end to end in `make test`.
+A case whose row judges outside the recorded checks (fixtures/checks/: the rules and the checks
+replay.py imports) has no stored history: it runs end to end in `make test`.
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from . import breaks
 HISTORIES = SUITE_ROOT / "golden" / "histories"
 UNBROKEN = "none"
 # Cases with a stored history that still run end to end in make test, to prove the recording path
-# itself: completions and chat (generate's case, spans-collapsed, is judged outside the rules: end to end
-# anyway), /pause with /resume and /abort_requests; the sleep, checkpoint and weight routes each keep a
-# case judged outside the rules, end to end anyway (wake-up-leaves-paused, checkpoint-restore-leaves-paused,
-# weight-update-out-of-order-accepted); in attach mode (every inner run of a break case attaches; launch
-# mode: the self-tests that launch, test_server_death's launch case among them).
-END_TO_END = {"keep-acts-like-abort", "chat-abort-unmarked", "abort-requests-ignores-ids"}
+# itself: completions and chat, /pause with /resume and /abort_requests; the sleep, checkpoint and weight
+# routes (wake-up-leaves-paused, checkpoint-restore-leaves-paused, weight-update-out-of-order-accepted);
+# in attach mode (every inner run of a break case attaches; launch mode: the self-tests that launch,
+# test_server_death's launch case among them).
+END_TO_END = {"keep-acts-like-abort", "chat-abort-unmarked", "abort-requests-ignores-ids", "wake-up-leaves-paused",
+              "checkpoint-restore-leaves-paused", "weight-update-out-of-order-accepted"}
 
 
 def path(breakage: str, test: str) -> Path:
