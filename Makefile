@@ -86,11 +86,12 @@ selftest-slow: setup
 # The break cases end to end, each inner run recording its row's history, and the unbroken proxy over every
 # targeted row; golden/histories/ then holds those its rows' own judgments decide (selftests/stored.py).
 HISTORY_CASES := selftests/test_sharpness.py selftests/test_checkpoint_emulation.py selftests/test_model_based_detection.py \
-                 selftests/test_weight_sync_detection.py
+                 selftests/test_weight_sync_detection.py selftests/test_sharpness_api_servers.py selftests/test_sharpness_dp.py
 histories: setup
 	rm -rf reports/histories-recorded
 	VLLM_CONFORMANCE_SELFTEST_HISTORIES=$(CURDIR)/reports/histories-recorded $(PY) -m pytest -m "selftest or selftest_slow" \
-	  $(HISTORY_CASES) -k "broken_row or unbroken_proxy or emulation or sequence_exposes or weight_sync_rows" --vllm-report-dir=reports/histories-run \
+	  $(HISTORY_CASES) -k "broken_row or unbroken_proxy or emulation or sequence_exposes or fails_once or weight_sync_rows \
+	  or every_front_end_check or dp_drain_regression" --vllm-report-dir=reports/histories-run \
 	  $(PYTEST_ARGS)
 	PYTHONPATH=.import $(PY) -m vllm_rl_conformance.selftests.stored reports/histories-recorded
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from vllm_rl_conformance.fixtures.checks import lifecycle, steps
+from vllm_rl_conformance.fixtures.checks import lifecycle, reads, steps
 from vllm_rl_conformance.fixtures.driver import web
 from vllm_rl_conformance.fixtures.driver.control import CONTROL_TIMEOUT
 
@@ -51,12 +51,12 @@ def test_one_pause_is_seen_by_every_api_server_and_one_resume_releases_them_all(
     resumed = is_paused_on_fresh_connections(vllm_server.url, vllm_server.headers)
     record_property("observed", f"is_paused over {CONNECTIONS} fresh connections: after pause({mode}) {paused}, "
                                 f"after resume {resumed}")
-    assert paused == [True] * CONNECTIONS, (
-        f"after one pause(mode={mode}), GET /is_paused over {CONNECTIONS} fresh connections answered {paused}: "
-        f"a front-end did not see the pause")
-    assert resumed == [False] * CONNECTIONS, (
-        f"after one resume, GET /is_paused over {CONNECTIONS} fresh connections answered {resumed}: "
-        f"a front-end did not see the resume")
+    reads.require("is_paused over fresh connections after pause", paused, [True] * CONNECTIONS,
+                  f"after one pause(mode={mode}), GET /is_paused over {CONNECTIONS} fresh connections answered "
+                  f"{paused}: a front-end did not see the pause")
+    reads.require("is_paused over fresh connections after resume", resumed, [False] * CONNECTIONS,
+                  f"after one resume, GET /is_paused over {CONNECTIONS} fresh connections answered {resumed}: "
+                  f"a front-end did not see the resume")
 
 
 def test_requests_over_fresh_connections_are_all_held_while_paused_and_all_complete_after_resume(

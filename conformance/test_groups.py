@@ -17,7 +17,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import pytest
 
-from vllm_rl_conformance.fixtures.checks import cycles, lifecycle, lifecycle_rows, pause_effect, steps
+from vllm_rl_conformance.fixtures.checks import cycles, lifecycle, lifecycle_rows, pause_effect, reads, steps
 from vllm_rl_conformance.fixtures.driver.client import SHORT_PROMPT, request_once
 from vllm_rl_conformance.fixtures.driver.fate import Kind
 from vllm_rl_conformance.fixtures.driver.metrics import engine_state
@@ -73,12 +73,15 @@ def send_group(pool, vllm_server, budget, tokens):
 def answer_within(answer, request_id, seconds, control, what):
     """The group's answer, or a failure if none came within `seconds` (the group is then ended
     by id, so its client returns now rather than at its own timeout)."""
+    read = f"a non-streamed group answered within {seconds:.1f} s of {what}"
     try:
-        return answer.result(timeout=seconds)
+        group = answer.result(timeout=seconds)
     except FutureTimeout:
         r = control.call("POST", "/abort_requests", json={"request_ids": [engine_request_id("completions", request_id)]})
-        pytest.fail(f"the client of a non-streamed group was left waiting: no answer {seconds:.1f} s after "
-                    f"{what} (then ended by /abort_requests: {r.status_code})", pytrace=False)
+        reads.require(read, False, True, f"the client of a non-streamed group was left waiting: no answer "
+                                         f"{seconds:.1f} s after {what} (then ended by /abort_requests: {r.status_code})")
+    reads.require(read, True, True, "")
+    return group
 
 
 def wait_generating(control, budget, before, answer) -> str | None:

@@ -15,7 +15,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import pytest
 
-from vllm_rl_conformance.fixtures.checks import lifecycle, outcomes, steps
+from vllm_rl_conformance.fixtures.checks import lifecycle, outcomes, reads, steps
 from vllm_rl_conformance.fixtures.driver.client import SHORT_PROMPT, request_once
 from vllm_rl_conformance.fixtures.driver.fate import Kind
 from vllm_rl_conformance.fixtures.driver.metrics import engine_state
@@ -46,14 +46,17 @@ def wait_for_engine(control, budget, what, ok):
 
 
 def result_or_fail(future, seconds, who, control, surface, request_id):
+    what = f"{who} answered within {seconds:.1f} s of the abort"
     try:
-        return future.result(timeout=seconds)
+        answer = future.result(timeout=seconds)
     except FutureTimeout:
         # End it by id, so the client's thread returns and this failure is reported now rather
         # than when the request's own timeout runs out.
         r = control.call("POST", "/abort_requests", json={"request_ids": [engine_request_id(surface, request_id)]})
-        pytest.fail(f"{who} was left waiting: no response {seconds:.1f} s after the abort "
-                    f"(then ended by /abort_requests: {r.status_code})", pytrace=False)
+        reads.require(what, False, True, f"{who} was left waiting: no response {seconds:.1f} s after the abort "
+                                         f"(then ended by /abort_requests: {r.status_code})")
+    reads.require(what, True, True, "")
+    return answer
 
 
 def assert_partial_abort(c, who):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_rl_conformance.fixtures.checks import expectations, greedy, reads, rules, weight_checks
+from vllm_rl_conformance.fixtures.checks import expectations, greedy, pause_effect, reads, rules, weight_checks
 from vllm_rl_conformance.fixtures.driver import history
 from vllm_rl_conformance.fixtures.driver.client import Refusal
 from vllm_rl_conformance.fixtures.driver.fate import Kind
@@ -260,7 +260,8 @@ def test_every_rule_the_module_names_is_registered_once():
     for name in named:
         assert f"- {name}:" in rules.__doc__, name
     others = {name: fn for name, fn in rules.CHECKS.items() if name not in own}  # the checks of the other modules
-    assert {fn.__module__ for fn in others.values()} == {m.__name__ for m in (expectations, greedy, reads, weight_checks)}
+    assert {fn.__module__ for fn in others.values()} == {m.__name__ for m in (expectations, greedy, pause_effect, reads,
+                                                                                 weight_checks)}
     assert all(fn.__doc__ for fn in others.values()), [n for n, fn in others.items() if not fn.__doc__]
 
 

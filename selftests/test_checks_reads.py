@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_rl_conformance.fixtures.checks import greedy, reads, rules
+from vllm_rl_conformance.fixtures.checks import greedy, pause_effect, reads, rules
 from vllm_rl_conformance.fixtures.driver import history
+from vllm_rl_conformance.fixtures.driver.metrics import EngineState
 
 pytestmark = [pytest.mark.selftest, pytest.mark.timeout(20)]
 
@@ -22,7 +23,7 @@ def test_a_read_passes_where_it_is_what_the_calls_left_and_fails_with_the_rows_t
     paused = [history.measured("state", {**awake, "is_paused": True})]
     assert found(reads.READ, paused, what="state", want=awake, text="after a full wake_up the engine is paused") == \
         ["after a full wake_up the engine is paused"]
-    assert found(reads.READ, [], what="is_paused", want=False, text="never read") == ["never read"]
+    assert found(reads.READ, [], what="is_paused", want=False, text="never read") == []  # nothing read, nothing judged
 
 
 def test_a_call_the_contract_refuses_passes_with_a_4xx_or_5xx_and_fails_with_a_2xx():
@@ -70,3 +71,21 @@ def test_a_kept_request_passes_where_it_continues_its_uninterrupted_run_and_fail
     assert len(judged(moved)) == 1 and "kept, paused at token 1, differs from the reference run: logprob at index 1" \
         in judged(moved)[0]
     assert greedy.same_rollouts([*same.events, *ref.events], request=same.key, reference=ref.key)[0][0].ok
+
+
+def test_an_answer_shows_the_prefix_cache_kept_or_emptied_as_the_row_expects():
+    assert found(reads.CACHE, [history.measured("R2", 48)], what="R2", kept=True) == []
+    assert found(reads.CACHE, [history.measured("R3", 0)], what="R3", kept=False) == []
+    assert found(reads.CACHE, [history.measured("R3", 48)], what="R3", kept=False, text="kept the prefix cache") == \
+        ["kept the prefix cache"]
+
+
+def test_a_keep_the_engine_went_on_generating_after_fails_and_one_that_froze_it_passes():
+    at = EngineState(1, 0, {}, 100, 0, 0)
+    froze = pause_effect.PauseEffect("keep", 0.1, 0.05, at, EngineState(1, 0, {}, 101, 0, 0))
+    waited = pause_effect.PauseEffect("keep", 2.0, 0.05, at, EngineState(0, 0, {"length": 1}, 160, 0, 0))
+    assert pause_effect.PauseEffect.from_plain(waited.plain()) == waited
+    assert froze.froze("the request", "token 3 seen") == []
+    found_now = waited.froze("the request", "token 3 seen")
+    assert len(found_now) == 1 and "generated 60 tokens after that" in found_now[0].text \
+        and "keep must freeze a running request, not wait for it" in found_now[0].text

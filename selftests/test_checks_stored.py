@@ -136,6 +136,14 @@ def test_a_break_fails_its_row_on_the_history_stored_from_the_broken_server(case
         + ("; ".join(f[:300] for f in found) if found else "nothing"))
 
 
+def test_every_break_case_of_every_self_test_module_has_a_stored_history():
+    """No loss of detection without a server: each case a break registry names (selftests/breaks.py,
+    with gloo_breaks.py's) is judged here on its stored history (`make histories` records them)."""
+    modules = dict.fromkeys(c.selftest for b in stored.breaks.BREAKS for c in b.caught_by)
+    missing = [f"{c.id} ({m})" for m in modules for c in stored.breaks.cases(m) if not stored.stored(c)]
+    assert not missing, f"{len(missing)} break case(s) with no stored history: {', '.join(missing)}"
+
+
 @pytest.mark.parametrize("stored_path", UNBROKEN, ids=[p.name.removesuffix(".json.gz") for p in UNBROKEN])
 def test_every_row_passes_on_the_history_stored_from_the_unbroken_server(stored_path):
     about, events = history_file.read(stored_path)

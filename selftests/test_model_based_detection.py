@@ -84,9 +84,9 @@ def test_the_model_based_test_catches_a_break_only_a_sequence_exposes_and_prints
 
 
 @pytest.mark.timeout(INNER_BOUND_S + 60)
+@pytest.mark.parametrize("breakage", [pytest.param(ONCE, marks=stored.marks(ONCE, MODEL_BASED))])  # as the cases above
 def test_a_history_that_fails_once_and_passes_when_run_again_still_fails_the_row_and_names_its_steps(
-        server_target, tmp_path, record_property):
-    breakage = ONCE
+        server_target, breakage, tmp_path, record_property):
     message = breaks.BY_NAME[ONCE].caught_by[0].message
     run = check_break(server_target, breakage, MODEL_BASED, message, tmp_path, record_property, *search(breakage),
                       bound=INNER_BOUND_S)

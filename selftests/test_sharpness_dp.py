@@ -5,7 +5,7 @@ The transparent proxy passes the same test."""
 
 import pytest
 
-from vllm_rl_conformance.selftests import breaks
+from vllm_rl_conformance.selftests import breaks, stored
 from vllm_rl_conformance.selftests.inner import check_break
 
 # The outer run measures the server once; each inner run gets those rates (--vllm-rates).
@@ -19,8 +19,10 @@ pytestmark = [
 CASES = breaks.cases("test_sharpness_dp")
 
 
-@pytest.mark.parametrize("breakage, message", [(c.breakage, c.message) for c in CASES] + [("none", None)],
-                         ids=[c.id for c in CASES] + ["unbroken-proxy"])
+# A break case judged on its stored history runs end to end in make selftest-slow (selftests/stored.py).
+@pytest.mark.parametrize("breakage, message", [
+    *(pytest.param(c.breakage, c.message, id=c.id, marks=stored.marks(c.breakage, c.test)) for c in CASES),
+    pytest.param("none", None, id="unbroken-proxy")])
 def test_the_dp_drain_regression_fails_only_against_a_server_with_the_drain_bug(
         server_target, model, breakage, message, tmp_path, record_property):
     check_break(server_target, breakage, breaks.DRAIN, message, tmp_path, record_property)
