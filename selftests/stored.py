@@ -26,12 +26,13 @@ from . import breaks
 HISTORIES = SUITE_ROOT / "golden" / "histories"
 UNBROKEN = "none"
 # Cases with a stored history that still run end to end in make test, to prove the recording path
-# itself: completions and chat, /pause with /resume and /abort_requests; the sleep, checkpoint and weight
-# routes (wake-up-leaves-paused, checkpoint-restore-leaves-paused, weight-update-out-of-order-accepted);
-# in attach mode (every inner run of a break case attaches; launch mode: the self-tests that launch,
+# itself: the completions, chat and generate surfaces (keep-acts-like-abort, chat-abort-unmarked,
+# spans-collapsed), /pause with /resume and /abort_requests; the sleep, checkpoint and weight routes
+# (wake-up-leaves-paused, checkpoint-restore-leaves-paused, weight-update-out-of-order-accepted); in attach
+# mode (every inner run of a break case attaches; launch mode: the self-tests that launch,
 # test_server_death's launch case among them).
-END_TO_END = {"keep-acts-like-abort", "chat-abort-unmarked", "abort-requests-ignores-ids", "wake-up-leaves-paused",
-              "checkpoint-restore-leaves-paused", "weight-update-out-of-order-accepted"}
+END_TO_END = {"keep-acts-like-abort", "chat-abort-unmarked", "spans-collapsed", "abort-requests-ignores-ids",
+              "wake-up-leaves-paused", "checkpoint-restore-leaves-paused", "weight-update-out-of-order-accepted"}
 
 
 def path(breakage: str, test: str) -> Path:
