@@ -68,6 +68,7 @@ def assert_partial_abort(c, who):
 @pytest.mark.row("regression.abort-requests-ids",
                  "/abort_requests MUST end exactly the named requests, streaming and not, with their partial "
                  "tokens.")
+@pytest.mark.requires("metrics", "abort_requests")  # a release without the route skips before any request is sent
 @pytest.mark.parametrize("surface", HTTP_SURFACES)
 def test_abort_requests_with_ids_ends_exactly_those_streaming_and_non_streaming_requests_with_their_partial_tokens(
         surface, control, streams, budget, vllm_server, model, record_property):
