@@ -98,8 +98,9 @@ def test_checkpoint_prepare_treats_requests_in_flight_as_pause_does_and_a_reques
     limit = budget.settle_s + budget.finish_s(budget.long_tokens)
 
     def trial(k):
+        before = steps.engine_clock(control)
         s = streams(SHORT_PROMPT, lc.trial_tokens(budget, k), name="in-flight")
-        s.wait_first_token(budget.first_token_s)
+        steps.wait_in_flight(control, before, budget, [s])
         sent_at = s.n_tokens
         how = prepared(control, mode, limit)
         if mode == "keep":

@@ -20,9 +20,8 @@ import pytest
 from vllm_rl_conformance.fixtures.checks import cycles, lifecycle, lifecycle_rows, pause_effect, reads, steps
 from vllm_rl_conformance.fixtures.driver.client import SHORT_PROMPT, request_once
 from vllm_rl_conformance.fixtures.driver.fate import Kind
-from vllm_rl_conformance.fixtures.driver.metrics import engine_state
+from vllm_rl_conformance.fixtures.driver.metrics import engine_state, wait_under_way
 from vllm_rl_conformance.fixtures.driver.surfaces import GROUP, GROUP_MEMBER, engine_request_id
-from vllm_rl_conformance.fixtures.driver.timing import wait_until
 
 pytestmark = [
     pytest.mark.conformance, pytest.mark.p0, pytest.mark.timeout(300), pytest.mark.area("P0 request lifecycle, groups (n > 1)"),
@@ -85,19 +84,15 @@ def answer_within(answer, request_id, seconds, control, what):
 
 
 def wait_generating(control, budget, before, answer) -> str | None:
-    """Waits until the engine runs the whole group and has generated a few tokens. Returns
-    None once it does; else what the engine showed (a void trial: e.g. the engine had
-    finished the group before it was seen running)."""
-    state = []
-
-    def seen():
-        state[:] = [engine_state(control)]
-        return state[0].running >= GROUP["n"] and (state[0] - before).generated >= 2 * GROUP["n"]
-
-    if wait_until(seen, budget.finish_s(), interval=0.02, stop=answer.done):
+    """Waits until the engine runs the whole group and has generated a few tokens (its clock:
+    metrics.wait_under_way). Returns None once it does; else what the engine showed (a void
+    trial: e.g. the engine had finished the group before it was seen running)."""
+    ok, state = wait_under_way(control, before, GROUP["n"], budget.finish_s(), tokens_each=2, stop=answer.done)
+    if ok and state.running - before.running >= GROUP["n"]:
         return None
     return (f"the engine was never seen running the {GROUP['n']} samples of the group "
-            f"({'answered meanwhile' if answer.done() else 'not answered'}; {state[0].describe()})")
+            f"({'answered meanwhile' if answer.done() else 'not answered'}; "
+            f"{state.describe() if state else 'no reading'})")
 
 
 def finished_in_full(answer, seconds) -> bool:

@@ -42,7 +42,7 @@ def test_a_request_sent_during_a_pause_never_blocks_later_pauses_and_completes_a
         control, streams, budget, expected, capabilities, record_property):
     bound = budget.settle_s
     before = engine_state(control)
-    in_flight = steps.start_alone(streams, budget, ["in-flight-0", "in-flight-1"], budget.abort_tokens)
+    in_flight = steps.start_alone(streams, budget, ["in-flight-0", "in-flight-1"], budget.abort_tokens, control)
     engine = engine_state(control)
     sent_at = lifecycle.tokens_of(in_flight)
     log = [timed("pause(abort)", lambda: control.pause_ok("abort", timeout=bound))]

@@ -46,7 +46,7 @@ def own_control(server, bound):
                  "Two resumes racing a wave of new requests MUST both return and every request MUST complete.")
 def test_two_resumes_racing_with_a_wave_of_new_requests_both_return_and_every_request_completes(
         control, streams, budget, vllm_server, expected, record_property):
-    in_flight = steps.start_alone(streams, budget, ["in-flight-0", "in-flight-1"])
+    in_flight = steps.start_alone(streams, budget, ["in-flight-0", "in-flight-1"], control=control)
     control.pause_ok("keep")
     held, seen = steps.send_alone_while_paused(control, streams, budget, expected, "keep", name="held")
     bound = budget.settle_s
@@ -72,7 +72,7 @@ def test_two_resumes_racing_with_a_wave_of_new_requests_both_return_and_every_re
 @pytest.mark.parametrize("modes", [("keep", "keep"), ("abort", "wait")], ids=["keep-keep", "abort-wait"])
 def test_two_pauses_racing_both_return_and_every_request_ends(
         control, streams, budget, vllm_server, modes, record_property):
-    in_flight = steps.start_alone(streams, budget, ["in-flight-0", "in-flight-1"])
+    in_flight = steps.start_alone(streams, budget, ["in-flight-0", "in-flight-1"], control=control)
     # a wait may drain the requests in flight; keep and abort answer promptly (the pause-latency bound)
     bound = budget.finish_s(concurrent=2) if "wait" in modes else budget.settle_s
     results = race([lambda m=m: own_control(vllm_server, bound).pause(m) for m in modes], bound)

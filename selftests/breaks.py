@@ -159,6 +159,9 @@ BREAKS = [
     _b("slow-path", "every call reaches the server 50-200 ms late, and every response chunk reaches the client "
        "50-200 ms after the server sent it (latency, not a slower server: chunks keep their order)",
        role="correct", used_in=("test_fast_server",)),
+    _b("slow-client", "every streamed chunk reaches the client 8 s after the server sent it, the rest at once when "
+       "the stream ends (a client far behind a fast engine: its first token comes after the engine finished)",
+       role="correct", used_in=("test_fast_server",)),
     _b("weight-update-out-of-order-accepted", "/start_weight_update, /update_weights, /finish_weight_update answer "
        "200 without reaching the engine", Catch(WEIGHT_CALLS, "a call out of order was accepted")),
     _b("chat-abort-unmarked", "chat streams lose finish_reason 'abort' (null instead)",

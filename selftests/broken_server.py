@@ -37,6 +37,9 @@ HANG_S = 600  # "never returns": far beyond any bound of the suite
 OVERLAP_S = 0.3  # racing calls are held this long, so a second one surely arrives during the first
 SLOW_PAUSE_S = 3.0
 SLOW_PATH_S = (0.05, 0.2)  # slow-path: the latency added to each call and to each response chunk
+# slow-client: how late each streamed chunk reaches the client (the rest at once when the stream ends): longer
+# than the fast engine takes for the longest request its context allows (~7 s at ~300 tokens/s here).
+SLOW_CLIENT_S = 8.0
 # On exit, handlers still held (a "hang" break) get this long, then are cancelled.
 SHUTDOWN_S = 2.0
 WEIGHT_PATHS = {"/start_weight_update", "/update_weights", "/finish_weight_update"}
@@ -467,31 +470,45 @@ class BrokenProxy:
                 k: v for k, v in up.headers.items() if k.lower() not in HOP_HEADERS | {"content-encoding"}})
             await out.prepare(request)
             if "slow-path" in self.breaks:
-                await self._deliver_late(up, out, rewrite)
+                await self._deliver_late(up, out, rewrite, self._delay)
+            elif "slow-client" in self.breaks and up.headers.get("content-type", "").startswith("text/event-stream"):
+                await self._deliver_late(up, out, rewrite, lambda: SLOW_CLIENT_S, flush_at_end=True)
             else:
                 async for chunk in up.content.iter_any():  # stream SSE through as it comes
                     await out.write(rewrite(chunk) if rewrite else chunk)
             await out.write_eof()
             return out
 
-    async def _deliver_late(self, up, out: web.StreamResponse, rewrite) -> None:
-        """slow-path: each chunk is written a delay after it arrived, never before the chunk
-        before it; reading goes on meanwhile, so the delays do not add up over a stream."""
-        loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+    async def _deliver_late(self, up, out: web.StreamResponse, rewrite, delay, flush_at_end: bool = False) -> None:
+        """Each chunk is written `delay()` s after it arrived, never before the chunk before it;
+        reading goes on meanwhile, so the delays do not add up over a stream (slow-path). With
+        `flush_at_end` (slow-client), what is left is written at once when the server ends the
+        stream: a client far behind a fast engine, whose short requests arrive whole."""
+        loop, queue, ended = asyncio.get_running_loop(), asyncio.Queue(), asyncio.Event()
 
         async def read():
             due = 0.0
             try:
                 async for chunk in up.content.iter_any():
-                    due = max(due, loop.time() + self._delay())
+                    due = max(due, loop.time() + delay())
                     queue.put_nowait((due, chunk))
             finally:
+                ended.set()
                 queue.put_nowait(None)
+
+        async def until(due):
+            if flush_at_end:
+                try:
+                    await asyncio.wait_for(ended.wait(), max(0.0, due - loop.time()))
+                except asyncio.TimeoutError:
+                    pass
+            else:
+                await asyncio.sleep(max(0.0, due - loop.time()))
 
         reader = asyncio.create_task(read())
         try:
             while (item := await queue.get()) is not None:
-                await asyncio.sleep(max(0.0, item[0] - loop.time()))
+                await until(item[0])
                 await out.write(rewrite(item[1]) if rewrite else item[1])
             await reader  # its error, if reading failed
         finally:

@@ -9,6 +9,11 @@ context runs its engine well ahead of what vLLM's API server and the client deli
   to every response chunk, as an ingress or a loaded host adds): a pause answered late is not a keep
   that waited, and a request the engine finished before a pause reached it is a void trial;
 - the abort breaks of the detection table are still caught.
+Behind a client far behind the engine (`slow-client`: every streamed chunk reaches the client 8 s
+after the server sent it, so a request's first token comes after the engine finished it), every
+keep, sleep-on-keep and pause-latency row is judged (the rows pause by the engine's clock, and
+wait for the client to read what the engine had made before judging what it got after the
+pause), and the keep breaks are still caught there.
 """
 
 import pytest
@@ -70,6 +75,40 @@ def test_the_conformance_selection_passes_on_every_surface_against_a_fast_engine
     assert_no_false_failure(run, "a correct server with a fast small model behind a slow path")
     not_judged = [f"{r['id']}: {r['reason'][:200]}" for r in report["rows"] if r["verdict"] == "not judged"]
     assert not not_judged, "rows not judged against a correct fast server:\n" + "\n".join(not_judged)
+
+
+# The rows that freeze a running request or count requests in flight, on one surface.
+KEEP_ROWS = ["conformance/test_request_lifecycle.py", "conformance/test_sleep.py", "conformance/test_pause_latency.py"]
+KEEP_ROWS_K = "(keep and completions) or sleep_on_a_server_paused_with_keep or held_across_sleep or latency"
+SLOW_CLIENT_BOUND_S = 600
+SLOW_CLIENT_BREAKS = {"keep-acts-like-abort": "ended while paused with keep",
+                      "keep-acts-like-wait": "keep must freeze a running request, not wait for it"}
+
+
+@pytest.mark.selftest_slow  # make selftest-slow, not make test
+@pytest.mark.timeout(SLOW_CLIENT_BOUND_S + 60)
+def test_every_keep_sleep_on_keep_and_pause_latency_row_is_judged_behind_a_client_far_behind_the_engine(
+        fast_server, tmp_path, record_property):
+    with ProxyThread(fast_server.url, "slow-client") as proxy:
+        run = run_suite(proxy.url, fast_server.model, KEEP_ROWS, tmp_path, "-k", KEEP_ROWS_K, "--timeout=300",
+                        rates=fast_server.rates, bound=SLOW_CLIENT_BOUND_S)
+    report = run.report()
+    rows = {r["id"].rsplit("::", 1)[-1]: r for r in report["rows"]}
+    record_property("observed", f"exit {run.code} after {run.seconds:.0f} s; totals {report['totals']}; "
+                                + "; ".join(f"{k[:50]}: {r['verdict']}" for k, r in rows.items()))
+    assert_no_false_failure(run, "a correct fast server behind a client 8 s behind it")
+    unjudged = [f"{k}: {r['verdict']} {r['reason'][:200]}" for k, r in rows.items()
+                if r["verdict"] not in ("pass", "known deviation", "known violation")]
+    assert len(rows) >= 8 and not unjudged, (f"of {len(rows)} rows, not judged behind a slow client:\n"
+                                             + "\n".join(unjudged))
+
+
+@pytest.mark.selftest_slow
+@pytest.mark.parametrize("breakage", sorted(SLOW_CLIENT_BREAKS))
+def test_the_keep_breaks_are_still_caught_behind_a_client_far_behind_the_engine(
+        fast_server, breakage, tmp_path, record_property):
+    check_break(fast_server, f"slow-client+{breakage}", breaks.KEEP, SLOW_CLIENT_BREAKS[breakage], tmp_path,
+                record_property)
 
 
 ABORT_BREAKS = breaks.cases("test_fast_server")

@@ -1,0 +1,91 @@
+"""The engine's clock (issue: rows judged on an engine faster than its client), tried with no
+server: a row starts its pause once the engine's counters show its requests under way, not once
+the client read a token; a void trial at the longest request the context allows adds ballast;
+the client's lag when the pause took effect is recorded, and the row waits for the client to
+read it before judging what arrives after the pause."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from vllm_rl_conformance.fixtures.checks import lifecycle, steps
+from vllm_rl_conformance.fixtures.checks.pause_effect import PauseEffect
+from vllm_rl_conformance.fixtures.driver import history
+from vllm_rl_conformance.fixtures.driver.metrics import EngineState, wait_under_way
+
+pytestmark = [pytest.mark.selftest, pytest.mark.timeout(20)]
+
+
+def metrics(running: float, generated: float, finished: float = 0.0) -> str:
+    return (f"vllm:num_requests_running{{engine=\"0\"}} {running}\n"
+            f"vllm:num_requests_waiting{{engine=\"0\"}} 0\n"
+            f"vllm:generation_tokens_total{{engine=\"0\"}} {generated}\n"
+            f"vllm:request_success_total{{engine=\"0\",finished_reason=\"length\"}} {finished}\n")
+
+
+class Engine:
+    """A control whose /metrics answers the next of `readings` each time it is asked (then the last)."""
+
+    def __init__(self, *readings: str):
+        self.readings, self.asked = list(readings), 0
+
+    def metrics_text(self) -> str:
+        self.asked += 1
+        return self.readings[min(self.asked, len(self.readings)) - 1]
+
+
+def state(running=0.0, generated=0.0, finished=0.0) -> EngineState:
+    return EngineState(running, 0.0, {"length": finished}, generated, 0.0, 0.0)
+
+
+def test_the_engine_shows_a_request_under_way_once_it_runs_it_and_has_made_a_token_for_it():
+    engine = Engine(metrics(0, 0), metrics(1, 0), metrics(1, 1))
+    ok, seen = wait_under_way(engine, state(), 1, 2.0)
+    assert ok and seen.generated == 1 and engine.asked == 3, "paused before the engine made a token, or never"
+
+
+def test_a_request_the_engine_finished_before_it_was_seen_running_counts_as_under_way():
+    ok, _ = wait_under_way(Engine(metrics(0, 412, finished=1)), state(), 1, 2.0)
+    assert ok, "a request the engine finished between two readings kept the row waiting"
+
+
+def test_the_wait_gives_up_at_its_bound_or_when_told_to_stop():
+    ok, seen = wait_under_way(Engine(metrics(1, 0)), state(), 2, 0.1)
+    assert not ok and seen.running == 1
+    ok, _ = wait_under_way(Engine(metrics(0, 0)), state(), 1, 30.0, stop=lambda: True)
+    assert not ok
+
+
+def test_a_void_trial_at_the_longest_request_the_context_allows_adds_ballast_one_two_four():
+    capped = SimpleNamespace(long_tokens=760, abort_tokens=2030)
+    assert [(lifecycle.trial_tokens(capped, k), lifecycle.trial_ballast(capped, k)) for k in range(6)] == \
+        [(760, 0), (1520, 0), (2030, 0), (2030, 1), (2030, 2), (2030, 4)]
+    roomy = SimpleNamespace(long_tokens=100, abort_tokens=10_000)
+    assert [lifecycle.trial_ballast(roomy, k) for k in range(6)] == [0] * 6, "ballast while a request could grow"
+
+
+class Stream:
+    def __init__(self, tokens: int):
+        self.n_tokens, self.done = tokens, threading.Event()
+
+
+def test_the_clients_lag_is_recorded_and_waited_out_before_what_follows_the_pause_is_judged():
+    effect = PauseEffect("keep", 0.02, 0.01, state(1, 40), state(1, 40))
+    s = Stream(3)
+    late = threading.Timer(0.2, lambda: setattr(s, "n_tokens", 39))  # the lag arrives after the pause returned
+    late.start()
+    with history.scene("a pause with the client behind") as h:
+        steps.catch_up(effect, state(), [s], SimpleNamespace(first_token_s=5.0))
+    assert s.n_tokens == 39, "judged before the client had read what the engine made before the pause"
+    assert effect.lag == {"engine": 40, "client": 3, "slack": 2.0}
+    assert [e.value for e in h.events if isinstance(e, history.Sample) and e.what == "client lag"] == [effect.lag]
+    assert "the client had read 3 of the 40 tokens the engine had made" in effect.slow_path_note(1.0)
+
+
+def test_the_report_says_what_ballast_ran_beside_the_trials_request():
+    effect = PauseEffect("keep", 0.02, 0.01, state(3, 40), state(3, 40), ballast="2 ballast request(s)")
+    assert "2 ballast request(s) ran beside it" in effect.slow_path_note(1.0)
+    assert PauseEffect("keep", 0.02, 0.01, state(1, 4), state(1, 4)).slow_path_note(1.0) == ""
