@@ -56,12 +56,12 @@ def stream_tokens(control, model, budget, factor):
 
 
 def eight_in_flight(control, streams, running, tokens, budget, name):
-    """Returns the open streams once STREAMS of them are in flight together: by the engine's
+    """Returns the open streams once STREAMS requests are in flight together: by the engine's
     running gauge where the server has /metrics (a fast engine finishes requests before their
-    clients read the first token), else by each stream's first token. A request the engine
-    finished before the others ran is replaced by a new one (the client's stream may still be
-    delivering it)."""
-    running, started, finished, last = list(running), [0], [None], [None]
+    clients read the first token; a client far behind it may still be reading streams the engine
+    finished long ago), else by each stream's first token. While the engine runs fewer, as many
+    are started as it lacks, less those sent that it has not counted yet."""
+    running, started, base, last = list(running), [0], [None], [None]
     # A server other clients use counts their requests too (--vllm-allow-busy): the client's view there.
     gauge = not getattr(getattr(control, "server", None), "shared", False)
 
@@ -76,14 +76,13 @@ def eight_in_flight(control, streams, running, tokens, budget, name):
         if state is None:  # no /metrics: the client's view
             start(STREAMS - len(running))
             return all(s.first_token.is_set() for s in running) and not any(s.done.is_set() for s in running)
-        done = sum(state.finished.values())
         if state.running >= STREAMS:
             return True
-        if finished[0] is None or len(running) < STREAMS:
-            start(STREAMS - len(running))
-        elif done > finished[0]:  # the engine finished some before the others ran: as many again
-            start(min(STREAMS, round(done - finished[0])))
-        finished[0] = done
+        counted = state.running + state.waiting + sum(state.finished.values())  # every request the engine knows
+        if base[0] is None:
+            base[0] = counted
+        unseen = max(0, started[0] - round(counted - base[0]))  # sent here, not yet counted by the engine
+        start(max(0, STREAMS - round(state.running + state.waiting) - unseen))
         return False
 
     if not wait_until(together, 3 * budget.finish_s(tokens), interval=0.02):

@@ -89,3 +89,30 @@ def test_the_report_says_what_ballast_ran_beside_the_trials_request():
     effect = PauseEffect("keep", 0.02, 0.01, state(3, 40), state(3, 40), ballast="2 ballast request(s)")
     assert "2 ballast request(s) ran beside it" in effect.slow_path_note(1.0)
     assert PauseEffect("keep", 0.02, 0.01, state(1, 4), state(1, 4)).slow_path_note(1.0) == ""
+
+
+class LaggingEngine:
+    """An engine that runs every request it was sent until told it finished them, behind clients
+    that are still reading requests it finished long ago."""
+
+    def __init__(self):
+        self.sent, self.finished = 0, 0
+
+    def streams(self, prompt, tokens, name=""):
+        self.sent += 1
+        return SimpleNamespace(done=threading.Event(), first_token=threading.Event(), name=name)
+
+    def metrics_text(self) -> str:
+        return metrics(self.sent - self.finished, 0, self.finished)
+
+
+def test_requests_the_engine_finished_while_their_clients_still_read_are_replaced_until_eight_run_together():
+    from vllm_rl_conformance.conformance import test_pause_latency as latency
+
+    engine = LaggingEngine()
+    lagging = [engine.streams("", 0) for _ in range(latency.STREAMS)]
+    engine.finished = latency.STREAMS  # the engine is done with them; their clients are not
+    budget = SimpleNamespace(finish_s=lambda tokens=None, concurrent=1: 2.0)
+    out = latency.eight_in_flight(engine, engine.streams, lagging, 100, budget, "cycle")
+    assert engine.sent - engine.finished == latency.STREAMS and len(out) == 2 * latency.STREAMS, (
+        f"the engine runs {engine.sent - engine.finished} requests; the clients hold {len(out)} open streams")
