@@ -74,10 +74,14 @@ def test_abort_requests_with_ids_ends_exactly_those_streaming_and_non_streaming_
         surface, control, streams, budget, vllm_server, model, record_property):
     tokens, spared_tokens = budget.abort_tokens, lifecycle.trial_tokens(budget, 1)
     void = []
-    for _ in range(lifecycle.VOID_TRIALS):
+    for k in range(lifecycle.VOID_TRIALS):
         tag = uuid.uuid4().hex[:8]
         ids = {name: f"conformance-{tag}-{name}" for name in ("stream-aborted", "stream-spared", "plain-aborted")}
         before = engine_state(control)
+        # After a void trial, ballast beside the three makes each slower (their length is the context's already).
+        ballast = steps.start_ballast(control, budget, tokens, lifecycle.ballast_after_void(k), before)
+        extra = ballast.sequences if ballast is not None else 0
+        before = engine_state(control) if ballast is not None else before
         aborted = streams(SHORT_PROMPT, tokens, name="stream-aborted", request_id=ids["stream-aborted"])
         # Long enough to still run when the call arrives, short enough to complete soon after.
         spared = streams(SHORT_PROMPT, spared_tokens, name="stream-spared", request_id=ids["stream-spared"])
@@ -87,11 +91,13 @@ def test_abort_requests_with_ids_ends_exactly_those_streaming_and_non_streaming_
             # The engine's clock, not the clients' first tokens: a fast engine can finish a request before
             # its client reads a token.
             wait_for_engine(control, budget, "three requests running",
-                            lambda state: state.running >= 3 and (state - before).generated >= 3
+                            lambda state: state.running >= 3 + extra and (state - before).generated >= 3
                             or lifecycle.finished_normally(before, state))
             r = control.ok("POST", "/abort_requests", json={
                 "request_ids": [engine_request_id(surface, ids["stream-aborted"]),
                                 engine_request_id(surface, ids["plain-aborted"])]})
+            if ballast is not None:  # the server ends it (abort on disconnect)
+                ballast.close()
             done_before = lifecycle.finished_normally(before, engine_state(control))
             c = result_or_fail(plain, budget.finish_s(tokens) if done_before else budget.settle_s,
                                "the non-streaming client", control, surface, ids["plain-aborted"])
@@ -103,7 +109,8 @@ def test_abort_requests_with_ids_ends_exactly_those_streaming_and_non_streaming_
         if not (done_before and (c.complete_in_full() or lifecycle.completed_fully(aborted))):
             break
         void.append(f"/abort_requests answered {r.json()} after the engine had finished {done_before:g} "
-                    f"request(s) normally; stream {aborted.describe()}; non-streaming {c.describe()}")
+                    f"request(s) normally; stream {aborted.describe()}; non-streaming {c.describe()}"
+                    + (f"; {ballast.describe()} ran beside them" if ballast is not None else ""))
         lifecycle.assert_completed(spared, budget, spared_tokens)
     else:
         lifecycle.fail_all_void("/abort_requests", void)
@@ -115,6 +122,7 @@ def test_abort_requests_with_ids_ends_exactly_those_streaming_and_non_streaming_
     record_property("observed", f"/abort_requests -> {r.json()}; stream: abort after {aborted.n_tokens} tokens; "
                                 f"non-streaming: abort after {c.n_tokens} tokens; the third request "
                                 f"completed ({spared.n_tokens} tokens, {spared.finish_reason})"
+                                + (f"; {ballast.describe()} ran beside them" if ballast is not None else "")
                                 + lifecycle.void_note(void))
 
 

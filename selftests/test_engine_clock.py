@@ -65,6 +65,8 @@ def test_a_void_trial_at_the_longest_request_the_context_allows_adds_ballast_one
         [(760, 0), (1520, 0), (2030, 0), (2030, 1), (2030, 2), (2030, 4)]
     roomy = SimpleNamespace(long_tokens=100, abort_tokens=10_000)
     assert [lifecycle.trial_ballast(roomy, k) for k in range(6)] == [0] * 6, "ballast while a request could grow"
+    # a row whose requests are as long as the context allows from its first trial
+    assert [lifecycle.ballast_after_void(k) for k in range(6)] == [0, 1, 2, 4, 4, 4]
 
 
 class Stream:
