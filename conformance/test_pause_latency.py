@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from vllm_rl_conformance.fixtures.checks import lifecycle, outcomes, reads
+from vllm_rl_conformance.fixtures.checks import lifecycle, outcomes, reads, steps
 from vllm_rl_conformance.fixtures.driver.client import SHORT_PROMPT
 from vllm_rl_conformance.fixtures.driver.metrics import engine_state
 from vllm_rl_conformance.fixtures.driver.timing import cpu_wait_s, wait_until
@@ -62,8 +62,6 @@ def eight_in_flight(control, streams, running, tokens, budget, name):
     finished long ago), else by each stream's first token. While the engine runs fewer, as many
     are started as it lacks, less those sent that it has not counted yet."""
     running, started, base, last = list(running), [0], [None], [None]
-    # A server other clients use counts their requests too (--vllm-allow-busy): the client's view there.
-    gauge = not getattr(getattr(control, "server", None), "shared", False)
 
     def start(count):
         for _ in range(count):
@@ -72,8 +70,8 @@ def eight_in_flight(control, streams, running, tokens, budget, name):
 
     def together() -> bool:
         running[:] = [s for s in running if not s.done.is_set()]
-        state = last[0] = engine_state(control) if gauge else None
-        if state is None:  # no /metrics: the client's view
+        state = last[0] = steps.engine_clock(control)
+        if state is None:  # no /metrics, or a server other clients use: the client's view
             start(STREAMS - len(running))
             return all(s.first_token.is_set() for s in running) and not any(s.done.is_set() for s in running)
         if state.running >= STREAMS:
