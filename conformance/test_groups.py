@@ -211,5 +211,5 @@ def test_keep_holds_a_non_streamed_group_without_progress_and_resume_completes_e
     lifecycle.judge(group, group.observe({Kind.FINISHED}, by="a non-streamed group held by keep, after resume"),
                     "completes")
     record_property("observed", f"held {held:g} sequences, none generating, for {budget.hold_s:.2f} s; after "
-                                f"resume: {group.describe()}" + effect.slow_path_note(budget.pause_s)
+                                f"resume: {group.describe()}" + effect.note(budget.pause_s)
                     + lifecycle.void_note(void))

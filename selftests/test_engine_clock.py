@@ -7,6 +7,7 @@ read it before judging what arrives after the pause."""
 from __future__ import annotations
 
 import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from vllm_rl_conformance.fixtures.checks import lifecycle, steps
 from vllm_rl_conformance.fixtures.checks.pause_effect import PauseEffect
 from vllm_rl_conformance.fixtures.driver import history
+from vllm_rl_conformance.fixtures.driver.ballast import Ballast
 from vllm_rl_conformance.fixtures.driver.metrics import EngineState, wait_under_way
 
 pytestmark = [pytest.mark.selftest, pytest.mark.timeout(20)]
@@ -61,8 +63,8 @@ def test_the_wait_gives_up_at_its_bound_or_when_told_to_stop():
 
 def test_a_void_trial_at_the_longest_request_the_context_allows_adds_ballast_one_two_four():
     capped = SimpleNamespace(long_tokens=760, abort_tokens=2030)
-    assert [(lifecycle.trial_tokens(capped, k), lifecycle.trial_ballast(capped, k)) for k in range(6)] == \
-        [(760, 0), (1520, 0), (2030, 0), (2030, 1), (2030, 2), (2030, 4)]
+    assert [(lifecycle.trial_tokens(capped, k), lifecycle.trial_ballast(capped, k)) for k in range(7)] == \
+        [(760, 0), (1520, 0), (2030, 0), (2030, 1), (2030, 2), (2030, 4), (2030, 4)]
     roomy = SimpleNamespace(long_tokens=100, abort_tokens=10_000)
     assert [lifecycle.trial_ballast(roomy, k) for k in range(6)] == [0] * 6, "ballast while a request could grow"
     # a row whose requests are as long as the context allows from its first trial
@@ -84,13 +86,36 @@ def test_the_clients_lag_is_recorded_and_waited_out_before_what_follows_the_paus
     assert s.n_tokens == 39, "judged before the client had read what the engine made before the pause"
     assert effect.lag == {"engine": 40, "client": 3, "slack": 2.0}
     assert [e.value for e in h.events if isinstance(e, history.Sample) and e.what == "client lag"] == [effect.lag]
-    assert "the client had read 3 of the 40 tokens the engine had made" in effect.slow_path_note(1.0)
+    assert "the client had read 3 of the 40 tokens the engine had made" in effect.note(1.0)
 
 
 def test_the_report_says_what_ballast_ran_beside_the_trials_request():
     effect = PauseEffect("keep", 0.02, 0.01, state(3, 40), state(3, 40), ballast="2 ballast request(s)")
-    assert "2 ballast request(s) ran beside it" in effect.slow_path_note(1.0)
-    assert PauseEffect("keep", 0.02, 0.01, state(1, 4), state(1, 4)).slow_path_note(1.0) == ""
+    assert "2 ballast request(s) ran beside it" in effect.note(1.0)
+    assert PauseEffect("keep", 0.02, 0.01, state(1, 4), state(1, 4)).note(1.0) == ""
+
+
+def test_a_ballast_request_the_server_refused_is_named_in_what_the_report_says_ran():
+    class Refuse(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_error(503)
+
+        def log_message(self, *_):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        server = SimpleNamespace(url=f"http://127.0.0.1:{httpd.server_address[1]}", headers={})
+        ballast = Ballast(server, "m", 4, 2, 10.0).start()
+        assert ballast.done.wait(10.0), "the refused ballast requests never ended"
+        ballast.close()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert "ballast 1: HTTP 503" in ballast.describe() and "ballast 2: HTTP 503" in ballast.describe(), \
+        ballast.describe()
 
 
 class LaggingEngine:
