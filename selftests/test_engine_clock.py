@@ -17,6 +17,7 @@ from vllm_rl_conformance.fixtures.checks.pause_effect import PauseEffect
 from vllm_rl_conformance.fixtures.driver import history
 from vllm_rl_conformance.fixtures.driver.ballast import Ballast
 from vllm_rl_conformance.fixtures.driver.metrics import EngineState, wait_under_way
+from vllm_rl_conformance.fixtures.driver.verdicts import NotJudged
 
 pytestmark = [pytest.mark.selftest, pytest.mark.timeout(20)]
 
@@ -127,7 +128,8 @@ class LaggingEngine:
 
     def streams(self, prompt, tokens, name=""):
         self.sent += 1
-        return SimpleNamespace(done=threading.Event(), first_token=threading.Event(), name=name)
+        return SimpleNamespace(done=threading.Event(), first_token=threading.Event(), name=name,
+                               describe=lambda: "open, 0 tokens")
 
     def metrics_text(self) -> str:
         return metrics(self.sent - self.finished, 0, self.finished)
@@ -139,7 +141,37 @@ def test_requests_the_engine_finished_while_their_clients_still_read_are_replace
     engine = LaggingEngine()
     lagging = [engine.streams("", 0) for _ in range(latency.STREAMS)]
     engine.finished = latency.STREAMS  # the engine is done with them; their clients are not
-    budget = SimpleNamespace(finish_s=lambda tokens=None, concurrent=1: 2.0)
+    budget = SimpleNamespace(finish_s=lambda tokens=None, concurrent=1: 2.0, first_token_s=10.0)
     out = latency.eight_in_flight(engine, engine.streams, lagging, 100, budget, "cycle")
     assert engine.sent - engine.finished == latency.STREAMS and len(out) == 2 * latency.STREAMS, (
         f"the engine runs {engine.sent - engine.finished} requests; the clients hold {len(out)} open streams")
+
+
+class LosingEngine(LaggingEngine):
+    """An engine that never hears of the first `lost` requests sent to it (held back in a client or
+    an API server far behind), and runs every later one."""
+
+    def __init__(self, lost: int):
+        super().__init__()
+        self.lost = lost
+
+    def metrics_text(self) -> str:
+        return metrics(max(0, self.sent - self.lost), 0, 0)
+
+
+def test_requests_the_engine_never_counts_are_not_waited_for_beyond_the_first_token_bound():
+    from vllm_rl_conformance.conformance import test_pause_latency as latency
+
+    engine = LosingEngine(lost=latency.STREAMS)
+    budget = SimpleNamespace(finish_s=lambda tokens=None, concurrent=1: 2.0, first_token_s=0.2)
+    try:
+        out = latency.eight_in_flight(engine, engine.streams, [], 100, budget, "cycle")
+    except NotJudged as exc:  # a self-test fails where the row would say "not judged"
+        pytest.fail(f"the row waited for requests the engine never counted: {exc}")
+    assert engine.sent == 2 * latency.STREAMS and len(out) == 2 * latency.STREAMS, (
+        f"{engine.sent} requests sent; the engine runs {engine.sent - engine.lost}")
+    engine = LosingEngine(lost=10_000)
+    with pytest.raises(NotJudged, match="never in flight together"):
+        latency.eight_in_flight(engine, engine.streams, [], 100, SimpleNamespace(
+            finish_s=lambda tokens=None, concurrent=1: 0.3, first_token_s=0.01), "cycle")
+    assert engine.sent == latency.OPEN_AT_MOST, f"{engine.sent} streams opened; at most {latency.OPEN_AT_MOST}"
