@@ -173,5 +173,34 @@ def test_requests_the_engine_never_counts_are_not_waited_for_beyond_the_first_to
     engine = LosingEngine(lost=10_000)
     with pytest.raises(NotJudged, match="never in flight together"):
         latency.eight_in_flight(engine, engine.streams, [], 100, SimpleNamespace(
-            finish_s=lambda tokens=None, concurrent=1: 0.3, first_token_s=0.01), "cycle")
+            finish_s=lambda tokens=None, concurrent=1: 1.0, first_token_s=0.01), "cycle")
     assert engine.sent == latency.OPEN_AT_MOST, f"{engine.sent} streams opened; at most {latency.OPEN_AT_MOST}"
+
+
+class Burst(threading.Event):
+    """A first-token event whose waiter times out just as the reader reads the whole stream in one
+    burst: the first token and the end both arrive between the wait and the waiter's next look."""
+
+    def __init__(self, done: threading.Event):
+        super().__init__()
+        self.ended = done
+
+    def wait(self, timeout=None) -> bool:
+        if self.is_set():
+            return True
+        self.set()
+        self.ended.set()
+        return False
+
+
+def test_a_stream_read_whole_in_one_burst_is_not_taken_for_one_that_got_no_first_token():
+    from vllm_rl_conformance.fixtures.driver.streaming import StreamingCompletion
+
+    s = object.__new__(StreamingCompletion)
+    s.done = threading.Event()
+    s.first_token = Burst(s.done)
+    s._thread = SimpleNamespace(native_id=None)
+    s.name = "burst"
+    s.describe, s.dead_suffix = (lambda: "finished, read whole in one burst"), (lambda: "")
+    s.wait_first_token(10.0)  # a false "no first token" fails the test here
+    assert s.first_token.is_set() and s.done.is_set()
