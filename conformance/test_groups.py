@@ -103,16 +103,30 @@ def finished_in_full(answer, seconds) -> bool:
         return False
 
 
-def group_in_flight(pool, control, vllm_server, budget, tokens):
-    """Sends a non-streamed group and waits until the engine runs it. Returns (answer,
-    request_id, None), or (None, None, why) for a void trial (the group is then answered)."""
+def group_in_flight(pool, control, vllm_server, budget, tokens, ballast_count=0):
+    """Sends a non-streamed group, beside `ballast_count` ballast requests (steps.start_ballast: on a
+    fast engine whose context caps the group's length, they make each sample slower), and waits
+    until the engine runs it. Returns (answer, request_id, ballast, None), or (None, None, None, why)
+    for a void trial (the group is then answered and the ballast dropped). The caller drops the
+    ballast (Ballast.close) once its pause took effect."""
     before = engine_state(control)
+    ballast = steps.start_ballast(control, budget, tokens, ballast_count, before)
+    if ballast is not None:
+        before = engine_state(control)
     answer, request_id = send_group(pool, vllm_server, budget, tokens)
     why = wait_generating(control, budget, before, answer)
     if why is not None:
+        if ballast is not None:
+            ballast.close()
+            why += f"; {ballast.describe()} ran beside it"
         answer_within(answer, request_id, budget.finish_s(tokens, concurrent=GROUP["n"]), control, "it was sent")
-        return None, None, why
-    return answer, request_id, None
+        return None, None, None, why
+    return answer, request_id, ballast, None
+
+
+def beside(ballast) -> str:
+    """For the observed column: the ballast a trial ran (none: "")."""
+    return f"; {ballast.describe()} ran beside the group until its pause" if ballast is not None else ""
 
 
 @pytest.mark.row("groups.abort",
@@ -123,28 +137,31 @@ def test_abort_ends_every_sample_of_a_non_streamed_group_with_finish_reason_abor
         control, vllm_server, budget, record_property):
     tokens = budget.abort_tokens
 
-    def trial(_k):
+    def trial(k):
         before = engine_state(control)
         with ThreadPoolExecutor(max_workers=1) as pool:
-            answer, request_id, why = group_in_flight(pool, control, vllm_server, budget, tokens)
+            answer, request_id, ballast, why = group_in_flight(pool, control, vllm_server, budget, tokens,
+                                                               lifecycle.ballast_after_void(k))
             if why is not None:
                 return None, why
             took = control.pause_ok("abort")
+            if ballast is not None:
+                ballast.close()
             done_before = lifecycle.finished_normally(before, engine_state(control))
             group = answer_within(answer, request_id, budget.finish_s(tokens) if done_before else budget.settle_s,
                                   control, "pause(abort) returned")
         if not done_before:
-            return group, None
+            return (group, beside(ballast)), None
         control.resume_ok()
-        return group, (f"pause(abort) answered after {took:.2f} s; the engine had finished {done_before:g} "
-                       f"samples normally ({group.describe()})")
+        return None, (f"pause(abort) answered after {took:.2f} s; the engine had finished {done_before:g} "
+                      f"samples normally ({group.describe()}){beside(ballast)}")
 
-    group, void = steps.until_not_void(trial, "pause(abort)")
+    (group, ran), void = steps.until_not_void(trial, "pause(abort)")
     lifecycle.judge(group, group.observe({Kind.ABORTED}, by=f"a non-streamed group of {GROUP['n']} in flight at "
                                                           f"pause(abort)"), "aborted")
     control.resume_ok()
     drained = lifecycle.assert_engine_drains(control, budget)
-    record_property("observed", f"{group.describe()}; {drained}" + lifecycle.void_note(void))
+    record_property("observed", f"{group.describe()}{ran}; {drained}" + lifecycle.void_note(void))
 
 
 @pytest.mark.row("groups.wait",
@@ -155,22 +172,25 @@ def test_wait_returns_once_every_sample_of_a_non_streamed_group_has_finished(
     def trial(k):
         tokens = lifecycle.trial_tokens(budget, k)
         with ThreadPoolExecutor(max_workers=1) as pool:
-            answer, request_id, why = group_in_flight(pool, control, vllm_server, budget, tokens)
+            answer, request_id, ballast, why = group_in_flight(pool, control, vllm_server, budget, tokens,
+                                                               lifecycle.trial_ballast(budget, k))
             if why is not None:
                 return None, why
+            if ballast is not None:  # dropped before the pause: wait must not wait for it too
+                ballast.close()
             took = control.pause_ok("wait", timeout=budget.finish_s(tokens, concurrent=GROUP["n"]))
             state = engine_state(control)
             return (tokens, took, state, answer_within(answer, request_id, budget.settle_s, control,
-                                                       "pause(wait) returned")), None
+                                                       "pause(wait) returned"), beside(ballast)), None
 
-    (tokens, took, state, group), void = steps.until_not_void(trial, "pause(wait)")
+    (tokens, took, state, group, ran), void = steps.until_not_void(trial, "pause(wait)")
     assert state.counts == (0, 0), (
         f"pause(wait) returned after {took:.2f} s with the engine still running {state.running:g} and "
         f"holding {state.waiting:g} requests of the group")
     lifecycle.judge(group, group.observe({Kind.FINISHED}, by="a non-streamed group in flight at pause(wait)"),
                     "completes")
     record_property("observed", f"pause(wait) returned after {took:.2f} s; {group.describe()}"
-                    + lifecycle.void_note(void))
+                    + ran.replace("until its pause", "until it was seen running") + lifecycle.void_note(void))
 
 
 @pytest.mark.row("groups.keep",
@@ -182,14 +202,19 @@ def test_keep_holds_a_non_streamed_group_without_progress_and_resume_completes_e
         tokens = lifecycle.trial_tokens(budget, k + 1)
         before = engine_state(control)
         with ThreadPoolExecutor(max_workers=1) as pool:
-            answer, request_id, why = group_in_flight(pool, control, vllm_server, budget, tokens)
+            answer, request_id, ballast, why = group_in_flight(pool, control, vllm_server, budget, tokens,
+                                                               lifecycle.trial_ballast(budget, k + 1))
             if why is not None:
                 return None, why
             effect = pause_effect.pause_watched(control, "keep")
+            if ballast is not None:
+                effect.ballast = ballast.describe()
             frozen = effect.last
             if lifecycle.finished_normally(before, frozen) and finished_in_full(answer, budget.settle_s):
                 group = answer.result()
                 effect.assert_froze(f"the {GROUP['n']} samples of a non-streamed group", group.describe())
+                if ballast is not None:
+                    ballast.close()
                 control.resume_ok()
                 return None, (f"{effect.describe()}; the engine had finished the group normally before "
                               f"({group.describe()})")
@@ -201,7 +226,9 @@ def test_keep_holds_a_non_streamed_group_without_progress_and_resume_completes_e
                                                           f"kept generating: {(later - frozen).generated:g} tokens "
                                                           f"in {budget.hold_s:.2f} s")
                 + f" ({effect.describe()})")
-            held = later.running + later.waiting
+            held = later.running + later.waiting - (ballast.sequences if ballast is not None else 0)
+            if ballast is not None:  # dropped while paused: the server aborts it, resume runs the group alone
+                ballast.close()
             control.resume_ok()
             group = answer_within(answer, request_id, budget.finish_s(tokens, concurrent=GROUP["n"]), control,
                                   "resume")
